@@ -1,0 +1,8 @@
+"""Kinematic fused metric and the retrieval/drafter hybrid switch (DESIGN 2.4)."""
+
+from heisd.kinematics.metric import (KinematicConfig, KinematicStats, TrajectoryTracker,
+                                     curvature_radius, fused_metric, path_length)
+from heisd.kinematics.switch import KinematicSwitch, Mode, calibrate_threshold
+
+__all__ = ["KinematicConfig", "KinematicStats", "KinematicSwitch", "Mode", "TrajectoryTracker",
+           "calibrate_threshold", "curvature_radius", "fused_metric", "path_length"]

@@ -1,0 +1,183 @@
+"""Kinematic fused metric F (DESIGN 2.4): how straight (R) and how far (D) the end effector
+moved over the last w steps, each min-max normalized with demonstration statistics."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Sequence
+
+import numpy as np
+
+STILL_EPS = 1e-9  # metres: a window whose points spread less than this did not move
+COLLINEAR_EPS = 1e-6  # second singular value / first below this: a straight segment
+
+
+@dataclass(frozen=True)
+class KinematicConfig:
+    alpha: float = 0.5  # weight of Norm(R); 1 - alpha weighs Norm(D)
+    window: int = 15  # w, end-effector positions per window
+    r_cap: float = 1.0  # metres; R of straight or near-straight windows (Meta-World reach ~0.5 m)
+    threshold: float = 0.5  # F >= threshold -> retrieval SD; calibrate with calibrate_threshold
+    refine_iters: int = 10  # geometric refinement steps of the circle center after the Kasa fit
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"KinematicConfig.alpha must be in [0, 1], got {self.alpha}")
+        if self.window < 3:
+            raise ValueError("KinematicConfig.window must be >= 3 (a circle needs 3 points), "
+                             f"got {self.window}")
+        if not self.r_cap > 0.0:
+            raise ValueError(f"KinematicConfig.r_cap must be > 0, got {self.r_cap}")
+        if not self.threshold >= 0.0:
+            raise ValueError(f"KinematicConfig.threshold must be >= 0, got {self.threshold}")
+        if self.refine_iters < 0:
+            raise ValueError(f"KinematicConfig.refine_iters must be >= 0, got {self.refine_iters}")
+
+
+def path_length(points: np.ndarray) -> float:
+    """D[w]: summed step lengths, direction ignored."""
+    return float(np.linalg.norm(np.diff(points, axis=0), axis=1).sum())
+
+
+def _kasa_center(xy: np.ndarray) -> np.ndarray:
+    # Algebraic fit: x^2 + y^2 = 2 a x + 2 b y + c is linear in (a, b, c); (a, b) is the center.
+    design = np.column_stack([2.0 * xy, np.ones(len(xy))])
+    solution, *_ = np.linalg.lstsq(design, (xy**2).sum(axis=1), rcond=None)
+    return solution[:2]
+
+
+def _refine_center(xy: np.ndarray, center: np.ndarray, iters: int) -> np.ndarray:
+    # Fixed point of the geometric fit min sum (|p_i - c| - r)^2 with r = mean |p_i - c|
+    # (Spath's iteration): c = mean(p) + r * mean((c - p_i) / |c - p_i|). Kasa is biased
+    # on short noisy arcs; this removes most of that bias in a few steps.
+    mean = xy.mean(axis=0)
+    for _ in range(iters):
+        offsets = center - xy
+        dist = np.maximum(np.linalg.norm(offsets, axis=1), 1e-12)
+        center = mean + dist.mean() * (offsets / dist[:, None]).mean(axis=0)
+    return center
+
+
+def curvature_radius(points: np.ndarray, r_cap: float, refine_iters: int = 10) -> float:
+    """R[w]: mean distance of the window's points, projected onto their principal plane, to
+    the center of the best-fitting circle. Straight windows give r_cap; a window without
+    motion gives 0 (the finest motion there is, so F leans to the drafter)."""
+    centered = points - points.mean(axis=0)
+    _, singular, vt = np.linalg.svd(centered, full_matrices=False)
+    if singular[0] < STILL_EPS:
+        return 0.0
+    if singular[1] < COLLINEAR_EPS * singular[0]:
+        return r_cap
+    xy = centered @ vt[:2].T
+    center = _refine_center(xy, _kasa_center(xy), refine_iters)
+    radius = float(np.linalg.norm(xy - center, axis=1).mean())
+    return min(radius, r_cap) if math.isfinite(radius) else r_cap
+
+
+@dataclass(frozen=True)
+class KinematicStats:
+    """Per-benchmark normalization statistics of R and D, from demonstration windows."""
+
+    r_min: float
+    r_p95: float
+    d_min: float
+    d_p95: float
+    window: int  # the w and r_cap they were computed with; F is meaningless under others
+    r_cap: float
+    n_windows: int
+
+    @classmethod
+    def fit(cls, trajectories: Sequence[np.ndarray], config: KinematicConfig) -> "KinematicStats":
+        """Slide a window (stride 1) over every [T, 3] end-effector trajectory."""
+        rs, ds = [], []
+        for traj in trajectories:
+            traj = np.asarray(traj, dtype=np.float64)
+            for start in range(len(traj) - config.window + 1):
+                win = traj[start : start + config.window]
+                rs.append(curvature_radius(win, config.r_cap, config.refine_iters))
+                ds.append(path_length(win))
+        if not rs:
+            raise ValueError(f"no trajectory has the {config.window} positions one window needs")
+        return cls(r_min=float(np.min(rs)), r_p95=float(np.percentile(rs, 95)),
+                   d_min=float(np.min(ds)), d_p95=float(np.percentile(ds, 95)),
+                   window=config.window, r_cap=config.r_cap, n_windows=len(rs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "KinematicStats":
+        ints = ("window", "n_windows")
+        return cls(**{f.name: (int if f.name in ints else float)(data[f.name])
+                      for f in fields(cls)})
+
+    def check(self, config: KinematicConfig) -> None:
+        if (self.window, self.r_cap) != (config.window, config.r_cap):
+            raise ValueError(f"stats were fit with window={self.window}, r_cap={self.r_cap}; "
+                             f"config has window={config.window}, r_cap={config.r_cap}")
+
+
+def normalize(value: float, low: float, high: float) -> float:
+    """Min-max scaling clipped at the 95th percentile `high`: [0, 1]."""
+    if high <= low:  # degenerate statistics: anything above the minimum counts as maximal
+        return 0.0 if value <= low else 1.0
+    return float(np.clip((value - low) / (high - low), 0.0, 1.0))
+
+
+def fused_metric(points: np.ndarray, stats: KinematicStats, config: KinematicConfig) -> float:
+    """F[w] = alpha * Norm(R[w]) + (1 - alpha) * Norm(D[w]) over the given window."""
+    points = np.asarray(points, dtype=np.float64)
+    r = curvature_radius(points, config.r_cap, config.refine_iters)
+    norm_r = normalize(r, stats.r_min, stats.r_p95)
+    norm_d = normalize(path_length(points), stats.d_min, stats.d_p95)
+    return config.alpha * norm_r + (1.0 - config.alpha) * norm_d
+
+
+class TrajectoryTracker:
+    """End-effector positions of the current episode, last `config.window` kept.
+
+    Each step call `update(ee_pos=...)` with the robot's proprioception when the environment
+    gives it, else `update(delta=...)` with the executed action: its first three values
+    times `delta_scale` (the env's metres per unit action) are added to the last position.
+    """
+
+    def __init__(self, config: KinematicConfig, stats: KinematicStats,
+                 delta_scale: float | None = None) -> None:
+        stats.check(config)
+        self.config, self.stats, self.delta_scale = config, stats, delta_scale
+        self._points: deque[np.ndarray] = deque(maxlen=config.window)
+
+    def reset(self, ee_pos: np.ndarray | None = None) -> None:
+        """New episode; `ee_pos` seeds the start (integration starts at the origin otherwise:
+        F depends only on relative positions)."""
+        self._points.clear()
+        if ee_pos is not None:
+            self._points.append(np.asarray(ee_pos, dtype=np.float64)[:3].copy())
+
+    def update(self, ee_pos: np.ndarray | None = None,
+               delta: np.ndarray | None = None) -> float | None:
+        """Append this step's position; returns F (None while fewer than w positions)."""
+        if ee_pos is not None:
+            point = np.asarray(ee_pos, dtype=np.float64)[:3].copy()
+        elif delta is not None:
+            if self.delta_scale is None:
+                raise ValueError("delta given but the tracker has no delta_scale")
+            last = self._points[-1] if self._points else np.zeros(3)
+            point = last + self.delta_scale * np.asarray(delta, dtype=np.float64)[:3]
+        else:
+            raise ValueError("update needs ee_pos or delta")
+        if not np.all(np.isfinite(point)):
+            raise ValueError(f"non-finite end-effector position {point}")
+        self._points.append(point)
+        return self.fused()
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def fused(self) -> float | None:
+        """F over the last w positions, or None while fewer than w exist."""
+        if len(self._points) < self.config.window:
+            return None
+        return fused_metric(np.stack(self._points), self.stats, self.config)

@@ -1,0 +1,61 @@
+"""Hybrid boundary (DESIGN 2.4): per control step, retrieval SD for large F (straight, fast,
+coarse motion), drafter SD for small F (curved, slow, fine motion) and before w steps exist."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
+
+Mode = Literal["retrieval", "drafter"]
+
+
+class KinematicSwitch:
+    def __init__(self, config: KinematicConfig, stats: KinematicStats) -> None:
+        stats.check(config)
+        self.config, self.stats = config, stats
+        self.last_metric: float | None = None  # F of the latest decision, for logging
+
+    def make_tracker(self, delta_scale: float | None = None) -> TrajectoryTracker:
+        """A tracker with this switch's window and statistics."""
+        return TrajectoryTracker(self.config, self.stats, delta_scale)
+
+    def decide(self, metric: float | None) -> Mode:
+        self.last_metric = metric
+        if metric is None:  # fewer than w positions: no kinematic evidence yet
+            return "drafter"
+        return "retrieval" if metric >= self.config.threshold else "drafter"
+
+    def mode(self, tracker: TrajectoryTracker) -> Mode:
+        if (tracker.config, tracker.stats) != (self.config, self.stats):
+            raise ValueError("tracker was built with another config or stats (use make_tracker)")
+        return self.decide(tracker.fused())
+
+
+def calibrate_threshold(metrics: np.ndarray, tpf_retrieval: np.ndarray, tpf_drafter: np.ndarray,
+                        n_candidates: int = 101) -> float:
+    """Threshold on F maximizing mean expected tokens per target forward over frames.
+
+    `metrics[i]` is F on frame i; `tpf_retrieval[i]` / `tpf_drafter[i]` the tokens per target
+    forward each mode achieves there (offline replay under the acceptance rules). Candidates:
+    the F quantiles at `n_candidates` evenly spaced levels (observed values) plus one value
+    above every F (drafter everywhere). Ties go to the lowest threshold: retrieval runs no
+    draft model.
+    """
+    metrics, tpf_r, tpf_d = (np.asarray(a, dtype=np.float64).ravel()
+                             for a in (metrics, tpf_retrieval, tpf_drafter))
+    if not (len(metrics) == len(tpf_r) == len(tpf_d)) or len(metrics) == 0:
+        raise ValueError("metrics and both tokens-per-forward arrays need one non-zero length")
+    if not all(np.all(np.isfinite(a)) for a in (metrics, tpf_r, tpf_d)):
+        raise ValueError("calibration inputs must be finite (drop frames before the window fills)")
+    # inverted_cdf: candidates are observed F values, so the threshold is the smallest F at
+    # which retrieval is chosen, not a point interpolated between two frames.
+    levels = np.linspace(0.0, 1.0, max(n_candidates, 2))
+    quantiles = np.quantile(metrics, levels, method="inverted_cdf")
+    above_all = np.nextafter(metrics.max(), np.inf)
+    candidates = np.unique(np.maximum(np.append(quantiles, above_all), 0.0))  # thresholds are >= 0
+    retrieval = metrics[None, :] >= candidates[:, None]  # [candidates, frames]
+    expected = np.where(retrieval, tpf_r[None, :], tpf_d[None, :]).mean(axis=1)
+    return float(candidates[int(np.argmax(expected))])

@@ -1,0 +1,146 @@
+"""Kinematic fused metric, trajectory tracker and hybrid switch on constructed paths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from heisd.kinematics import (KinematicConfig, KinematicStats, KinematicSwitch, calibrate_threshold,
+                              curvature_radius, fused_metric, path_length)
+
+CONFIG = KinematicConfig(alpha=0.5, window=15, r_cap=1.0, threshold=0.5)
+
+
+def _tilted_circle(radius: float, n: int, arc: float, center=(0.1, -0.2, 0.3)) -> np.ndarray:
+    """n points over `arc` radians of a circle in a plane tilted about two axes."""
+    t = np.linspace(0.0, arc, n)
+    flat = np.stack([radius * np.cos(t), radius * np.sin(t), np.zeros(n)], axis=1)
+    a, b = 0.7, -0.4
+    rx = np.array([[1, 0, 0], [0, np.cos(a), -np.sin(a)], [0, np.sin(a), np.cos(a)]])
+    ry = np.array([[np.cos(b), 0, np.sin(b)], [0, 1, 0], [-np.sin(b), 0, np.cos(b)]])
+    return flat @ (ry @ rx).T + np.asarray(center)
+
+
+def _line(n: int, step: float, direction=(1.0, 2.0, -0.5)) -> np.ndarray:
+    d = np.asarray(direction) / np.linalg.norm(direction)
+    return np.array([0.2, 0.1, 0.05]) + step * np.arange(n)[:, None] * d
+
+
+@pytest.fixture(scope="module")
+def stats() -> KinematicStats:
+    """Demonstrations mixing straight fast reaches and small slow circles."""
+    rng = np.random.default_rng(0)
+    trajs = [_line(40, 0.01 + 0.01 * rng.random()) for _ in range(4)]
+    trajs += [_tilted_circle(0.02 + 0.05 * rng.random(), 40, np.pi) for _ in range(4)]
+    return KinematicStats.fit(trajs, CONFIG)
+
+
+def test_line_hits_the_cap() -> None:
+    assert curvature_radius(_line(15, 0.01), r_cap=0.7) == 0.7
+    assert path_length(_line(15, 0.01)) == pytest.approx(0.14)
+
+
+@pytest.mark.parametrize("arc", [np.pi / 3, np.pi, 2 * np.pi * 14 / 15])
+def test_circle_radius_in_tilted_plane(arc: float) -> None:
+    points = _tilted_circle(0.05, 15, arc)
+    assert curvature_radius(points, r_cap=1.0) == pytest.approx(0.05, rel=0.02)
+
+
+def test_jitter() -> None:
+    rng = np.random.default_rng(1)
+    noisy_circle = _tilted_circle(0.05, 15, np.pi) + 2e-4 * rng.standard_normal((15, 3))
+    assert curvature_radius(noisy_circle, r_cap=1.0) == pytest.approx(0.05, rel=0.05)
+    jitter = np.array([0.3, 0.0, 0.2]) + 1e-3 * rng.standard_normal((15, 3))  # hovering in place
+    radius = curvature_radius(jitter, r_cap=1.0)
+    assert np.isfinite(radius) and radius < 0.01  # tiny, i.e. fine motion, never the cap
+
+
+def test_standing_still(stats: KinematicStats) -> None:
+    points = np.tile([0.1, 0.6, 0.2], (15, 1))
+    assert path_length(points) == 0.0
+    assert curvature_radius(points, r_cap=1.0) == 0.0  # no motion: leans to the drafter
+    metric = fused_metric(points, stats, CONFIG)
+    assert np.isfinite(metric) and metric == 0.0
+
+
+def test_tracker_needs_a_full_window(stats: KinematicStats) -> None:
+    tracker = KinematicSwitch(CONFIG, stats).make_tracker()
+    points = _line(20, 0.02)
+    for p in points[:14]:
+        assert tracker.update(ee_pos=p) is None
+    assert tracker.update(ee_pos=points[14]) is not None
+    tracker.reset()
+    assert tracker.fused() is None and len(tracker) == 0
+
+
+def test_tracker_integrates_delta_actions(stats: KinematicStats) -> None:
+    switch = KinematicSwitch(CONFIG, stats)
+    by_pos, by_delta = switch.make_tracker(), switch.make_tracker(delta_scale=0.01)
+    points = _tilted_circle(0.04, 20, np.pi)
+    by_delta.reset(points[0])
+    by_pos.update(ee_pos=points[0])
+    for prev, p in zip(points[:-1], points[1:]):
+        f_pos = by_pos.update(ee_pos=p)
+        f_delta = by_delta.update(delta=np.append((p - prev) / 0.01, 1.0))  # gripper value ignored
+    assert f_pos == pytest.approx(f_delta, abs=1e-9)
+    with pytest.raises(ValueError, match="delta_scale"):
+        by_pos.update(delta=np.zeros(4))
+
+
+def test_switch_straight_fast_vs_small_slow_circle(stats: KinematicStats) -> None:
+    switch = KinematicSwitch(CONFIG, stats)
+    fast, slow = switch.make_tracker(), switch.make_tracker()
+    assert switch.mode(fast) == "drafter"  # no positions yet
+    for p in _line(15, 0.03):
+        fast.update(ee_pos=p)
+    for p in _tilted_circle(0.015, 15, np.pi / 2):
+        slow.update(ee_pos=p)
+    assert switch.mode(fast) == "retrieval" and switch.last_metric == pytest.approx(1.0)
+    assert switch.mode(slow) == "drafter" and switch.last_metric < 0.1
+
+
+@pytest.mark.parametrize("field, value", [("alpha", 1.5), ("alpha", -0.1), ("window", 2),
+                                          ("threshold", -0.01), ("r_cap", 0.0)])
+def test_bad_config_values_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        KinematicConfig(**{field: value})
+
+
+def test_stats_json_round_trip(stats: KinematicStats) -> None:
+    restored = KinematicStats.from_dict(json.loads(json.dumps(stats.to_dict())))
+    assert restored == stats
+    assert stats.r_min < stats.r_p95 <= CONFIG.r_cap and stats.d_min < stats.d_p95
+    with pytest.raises(ValueError, match="window"):
+        KinematicSwitch(KinematicConfig(window=10), stats)
+
+
+def test_calibration_picks_the_obvious_threshold() -> None:
+    # Retrieval wins (5 vs 2 tokens per forward) exactly on frames with F >= 0.6.
+    metrics = np.linspace(0.0, 1.0, 51)
+    tpf_retrieval = np.where(metrics >= 0.6, 5.0, 1.2)
+    tpf_drafter = np.full_like(metrics, 2.0)
+    assert calibrate_threshold(metrics, tpf_retrieval, tpf_drafter) == pytest.approx(0.6)
+    assert calibrate_threshold(metrics, np.ones(51), tpf_drafter) > metrics.max()  # never retrieve
+    assert calibrate_threshold(metrics, np.full(51, 3.0), tpf_drafter) == 0.0  # always retrieve
+    with pytest.raises(ValueError):
+        calibrate_threshold(metrics, tpf_retrieval[:-1], tpf_drafter)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), scale=st.floats(1e-6, 1.0), still=st.integers(0, 14))
+def test_metric_is_bounded_and_invariant(stats: KinematicStats, seed: int, scale: float,
+                                         still: int) -> None:
+    rng = np.random.default_rng(seed)
+    points = np.cumsum(scale * rng.standard_normal((15, 3)), axis=0)
+    points[:still] = points[still]  # a stretch without motion
+    metric = fused_metric(points, stats, CONFIG)
+    assert 0.0 <= metric <= 1.0
+    rotation, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+    moved = points @ rotation.T + rng.standard_normal(3)
+    assert curvature_radius(moved, 1.0) == pytest.approx(curvature_radius(points, 1.0),
+                                                         rel=1e-6, abs=1e-9)
