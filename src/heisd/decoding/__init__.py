@@ -1,0 +1,41 @@
+"""Speculative decoding engine: draft trees, the target as verifier, acceptance rules, one loop."""
+
+from heisd.decoding.acceptance import (
+    Acceptance,
+    AcceptanceRule,
+    ActionVocab,
+    ExactAcceptance,
+    GroupRelaxedAcceptance,
+    TokenRelaxedAcceptance,
+)
+from heisd.decoding.loop import (
+    DecodeConfig,
+    DecodeResult,
+    DecodeState,
+    Proposal,
+    Proposer,
+    SpeculativeDecoder,
+    Timing,
+)
+from heisd.decoding.tree import DraftTree
+from heisd.decoding.verifier import Prefill, Verification, Verifier
+
+__all__ = [
+    "Acceptance",
+    "AcceptanceRule",
+    "ActionVocab",
+    "DecodeConfig",
+    "DecodeResult",
+    "DecodeState",
+    "DraftTree",
+    "ExactAcceptance",
+    "GroupRelaxedAcceptance",
+    "Prefill",
+    "Proposal",
+    "Proposer",
+    "SpeculativeDecoder",
+    "Timing",
+    "TokenRelaxedAcceptance",
+    "Verification",
+    "Verifier",
+]

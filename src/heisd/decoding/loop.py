@@ -1,0 +1,160 @@
+"""One decode loop for every method: AR, drafter SD, retrieval SD, HeiSD.
+
+AR is this loop with no proposer (each step verifies an empty tree); the methods differ
+only in the proposer and the acceptance rule they plug in (DESIGN 6).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from heisd.decoding.acceptance import AcceptanceRule, ActionVocab, ExactAcceptance
+from heisd.decoding.tree import DraftTree
+from heisd.decoding.verifier import Verifier
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    n_tokens: int = 8  # action tokens per inference (mw: 2 actions x (dx dy dz grip))
+    vocab_size: int = 32000  # base vocab size; action tokens are its last n_bins ids
+    n_bins: int = 256  # action bins per dimension
+
+    def __post_init__(self) -> None:
+        if self.n_tokens < 1:
+            raise ValueError(f"n_tokens must be >= 1, got {self.n_tokens}")
+        if not 0 < self.n_bins <= self.vocab_size:
+            raise ValueError(f"need 0 < n_bins <= vocab_size, got {self.n_bins}, {self.vocab_size}")
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tree: DraftTree  # drafts for the positions after the last emitted token
+    skip_verify: bool = False  # accept the tree (a chain) with no verify pass: adaptive verify-skip
+
+
+@dataclass
+class DecodeState:
+    """What a proposer sees before each step. Treat verifier and cache as read-only."""
+
+    emitted: list[int]  # action tokens emitted so far (the last one is the tree's root)
+    n_tokens: int  # tokens in the whole action
+    hidden: torch.Tensor  # [m, d] target lm_head inputs of the latest pass; row j predicted emitted[j - m]
+    prefill_hidden: torch.Tensor  # [d] lm_head input at the last prefix position
+    verifier: Verifier
+    cache: DynamicCache
+    context: dict[str, Any]  # per-step info from the caller (e.g. the current image feature)
+
+    @property
+    def position(self) -> int:
+        """Action position of the first draft token (children of the root)."""
+        return len(self.emitted)
+
+
+class Proposer(ABC):
+    """Where drafts come from. ``None`` means: take a plain AR step."""
+
+    @abstractmethod
+    def propose(self, state: DecodeState) -> Proposal | None: ...
+
+    def reset(self) -> None:
+        """Forget per-episode state."""
+
+
+@dataclass
+class Timing:
+    prefill_ms: float = 0.0
+    draft_ms: float = 0.0  # inside proposer.propose
+    verify_ms: float = 0.0  # target tree passes
+    other_ms: float = 0.0  # acceptance, KV compaction, bookkeeping
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]  # exactly n_tokens
+    target_forwards: int  # prefill included (AR: n_tokens)
+    accepted_lengths: list[int]  # accepted draft tokens per verify pass (0 for an AR step)
+    skipped_tokens: int  # tokens accepted with no verify pass
+    deviation: int  # summed bin deviation of accepted drafts from the target's greedy tokens
+    timing: Timing = field(default_factory=Timing)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Action tokens per target forward (DESIGN 3)."""
+        return len(self.tokens) / self.target_forwards
+
+
+class SpeculativeDecoder:
+    def __init__(
+        self,
+        verifier: Verifier,
+        config: DecodeConfig,
+        proposer: Proposer | None = None,
+        acceptance: AcceptanceRule | None = None,
+    ):
+        self.verifier, self.config, self.proposer = verifier, config, proposer
+        self.acceptance = acceptance or ExactAcceptance()
+        self.acceptance.check(config.n_tokens)
+        self.vocab = ActionVocab(config.vocab_size, config.n_bins)
+
+    def reset(self) -> None:
+        if self.proposer is not None:
+            self.proposer.reset()
+
+    def _now(self) -> float:
+        if self.verifier.device.type == "cuda":  # time GPU work, not its launch
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def decode(self, prefix_embeds: torch.Tensor, context: dict[str, Any] | None = None) -> DecodeResult:
+        """Greedy-decode one action of ``n_tokens`` tokens after ``prefix_embeds`` [1, P, d]."""
+        n, timing, context = self.config.n_tokens, Timing(), context if context is not None else {}
+        start = self._now()
+        pre = self.verifier.prefill(prefix_embeds)
+        timing.prefill_ms = (self._now() - start) * 1e3
+        emitted = [pre.token]
+        pending = [pre.token]  # emitted tokens the target has not processed yet
+        hidden = pre.hidden[None]
+        forwards, accepted_lengths, skipped, deviation = 1, [], 0, 0
+        while len(emitted) < n:
+            t = self._now()
+            proposal = None
+            if self.proposer is not None:
+                state = DecodeState(list(emitted), n, hidden, pre.hidden, self.verifier, pre.cache, context)
+                proposal = self.proposer.propose(state)
+            timing.draft_ms += (self._now() - t) * 1e3
+            tree = proposal.tree.truncated(n - len(emitted)) if proposal else DraftTree.empty()
+            if proposal is not None and proposal.skip_verify:
+                self._check_skip(tree)
+                emitted += tree.tokens.tolist()
+                pending += tree.tokens.tolist()
+                hidden = hidden[:0]  # the target has not seen these tokens
+                skipped += len(tree)
+                continue
+            t = self._now()
+            verification = self.verifier.verify(pre.cache, pending, tree)
+            timing.verify_ms += (self._now() - t) * 1e3
+            forwards += 1
+            acc = self.acceptance.select(tree, verification.tree_next, len(emitted), self.vocab)
+            self.verifier.commit(pre.cache, verification, acc.nodes)
+            slots = list(range(len(pending))) + [len(pending) + i for i in acc.nodes]
+            hidden = verification.hidden[slots]
+            emitted = (emitted + acc.tokens + [acc.bonus])[:n]
+            pending = [acc.bonus]
+            accepted_lengths.append(len(acc.nodes))
+            deviation += acc.deviation
+        total_ms = (self._now() - start) * 1e3
+        timing.other_ms = total_ms - timing.prefill_ms - timing.draft_ms - timing.verify_ms
+        return DecodeResult(emitted, forwards, accepted_lengths, skipped, deviation, timing)
+
+    def _check_skip(self, tree: DraftTree) -> None:
+        # A skipped draft is accepted blindly, so it must be a plain sequence of action tokens.
+        if len(tree) == 0 or not tree.is_chain():
+            raise ValueError("a skip_verify proposal must be a non-empty chain")
+        if not all(self.vocab.is_action(t) for t in tree.tokens.tolist()):
+            raise ValueError("a skip_verify proposal may hold action tokens only")

@@ -1,0 +1,113 @@
+"""The target model seen as a verifier: prefill, one tree pass, KV compaction.
+
+Every target forward of the decode loop goes through here, so ``target_forwards`` is
+counted in one place (the loop) and every pass has the same shape: context tokens the
+target has not processed yet (the *roots*, usually just the last emitted token) as a
+causal chain, then a draft tree hanging below the last root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from heisd.decoding.tree import DraftTree
+
+
+@dataclass
+class Prefill:
+    cache: DynamicCache  # KV of the prefix only
+    token: int  # the target's greedy first token
+    hidden: torch.Tensor  # [d] lm_head input at the last prefix position (it predicted ``token``)
+
+
+@dataclass
+class Verification:
+    past_len: int  # cache length before this pass
+    n_roots: int  # context tokens fed before the tree (>= 1)
+    next_tokens: torch.Tensor  # LongTensor [R+N]: target greedy next token per slot (roots, then nodes)
+    hidden: torch.Tensor  # [R+N, d]: lm_head input per slot
+
+    @property
+    def tree_next(self) -> torch.Tensor:
+        """[N+1]: greedy next token after the last root (index 0) and after each node (i+1)."""
+        return self.next_tokens[self.n_roots - 1 :]
+
+
+class Verifier:
+    """Wraps a Hugging Face causal LM (LlamaForCausalLM) fed by ``inputs_embeds`` for its prefix."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model.eval()
+        # Decoder and lm_head are called separately: the decoder's output (after the final
+        # norm) is the lm_head input the drafter and verify-skip need, and the lm_head runs
+        # only on the rows we want (the prefill's ``logits_to_keep=1``).
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.no_grad()
+    def prefill(self, prefix_embeds: torch.Tensor) -> Prefill:
+        if prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != 1:
+            raise ValueError(f"prefix_embeds must be [1, P, d], got {tuple(prefix_embeds.shape)}")
+        cache = DynamicCache(config=self.model.config)
+        out = self.decoder(inputs_embeds=prefix_embeds, cache=cache, use_cache=True)
+        hidden = out.last_hidden_state[0, -1]
+        token = int(self.lm_head(hidden).argmax())
+        return Prefill(cache=cache, token=token, hidden=hidden)
+
+    @torch.no_grad()
+    def verify(self, cache: DynamicCache, roots: int | Sequence[int], tree: DraftTree) -> Verification:
+        """ONE target forward over [roots, tree nodes] on top of ``cache`` (which it extends)."""
+        roots = [roots] if isinstance(roots, int) else list(roots)
+        if not roots:
+            raise ValueError("verify needs at least one root token")
+        n_roots, past_len = len(roots), cache.get_seq_length()
+        ids = torch.cat([torch.tensor(roots, dtype=torch.long), tree.tokens]).to(self.device)
+        positions = torch.cat([torch.arange(n_roots), n_roots - 1 + tree.depth]) + past_len
+        mask = self._attention_mask(n_roots, tree, past_len)
+        out = self.decoder(
+            input_ids=ids[None],
+            attention_mask=mask,
+            position_ids=positions[None].to(self.device),
+            cache=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state[0]
+        return Verification(past_len, n_roots, self.lm_head(hidden).argmax(-1).cpu(), hidden)
+
+    def _attention_mask(self, n_roots: int, tree: DraftTree, past_len: int) -> torch.Tensor:
+        # Additive float mask (0 / finfo.min), shape (1, 1, q, past+q): transformers passes a
+        # 4-D mask through unchanged, and a bool one is silently wrong with eager attention.
+        q = n_roots + len(tree)
+        allowed = torch.zeros(q, q, dtype=torch.bool)
+        allowed[:n_roots, :n_roots] = torch.ones(n_roots, n_roots, dtype=torch.bool).tril()
+        allowed[n_roots:, : n_roots - 1] = True  # every node sees all roots
+        allowed[n_roots - 1 :, n_roots - 1 :] = tree.ancestor_mask()
+        dtype = self.model.dtype
+        mask = torch.zeros(1, 1, q, past_len + q, dtype=dtype)
+        mask[0, 0, :, past_len:].masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask.to(self.device)
+
+    @staticmethod
+    def commit(cache: DynamicCache, verification: Verification, accepted_nodes: Sequence[int]) -> None:
+        """Keep in the cache only the prefix, the roots and the accepted path; compact in place."""
+        start = verification.past_len + verification.n_roots
+        nodes = torch.as_tensor(list(accepted_nodes), dtype=torch.long)
+        kept = len(nodes)
+        total = cache.get_seq_length()
+        if torch.equal(nodes, torch.arange(kept)):  # a leading chain: rollback is enough
+            if total > start + kept:
+                cache.crop(start + kept - total)
+            return
+        keep = torch.cat([torch.arange(start), start + nodes])
+        for layer in cache.layers:
+            index = keep.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(2, index)
+            layer.values = layer.values.index_select(2, index)

@@ -1,0 +1,353 @@
+"""Verifier and decode loop on tiny random Llama targets, checked against no-cache greedy decoding."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from heisd.decoding import (
+    ActionVocab,
+    DecodeConfig,
+    DecodeState,
+    DraftTree,
+    ExactAcceptance,
+    GroupRelaxedAcceptance,
+    Proposal,
+    Proposer,
+    SpeculativeDecoder,
+    TokenRelaxedAcceptance,
+    Verifier,
+)
+
+torch.set_num_threads(1)
+
+VOCAB = 300  # base vocab: action ids 44..299
+PADDED = 304  # embedding rows; 300..303 are pad ids, never actions
+NON_ACTION = (7, 301)  # non-action ids the target sometimes emits
+HIDDEN = 32
+ACTIONS = ActionVocab(VOCAB)
+MARGIN = 1e-3  # skip cases whose greedy top-2 logits are closer than this (fp32 ties)
+
+
+@functools.cache
+def tiny_target(seed: int, attn: str = "eager") -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=PADDED,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # mostly action tokens, sometimes a non-action one, wide logit margins
+        w = model.lm_head.weight
+        w.normal_(0.0, 1.0)
+        w[: VOCAB - 256] = 0.0
+        w[VOCAB:] = 0.0
+        for tok in NON_ACTION:
+            w[tok] = 1.3 * torch.randn(HIDDEN)
+    return model
+
+
+def prefix(seed: int, length: int) -> torch.Tensor:
+    return torch.randn(1, length, HIDDEN, generator=torch.Generator().manual_seed(1000 + seed))
+
+
+@torch.no_grad()
+def full_forward(model, prefix_embeds, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+    """No-cache forward over prefix + tokens: (lm_head input, logits) at the last position."""
+    ids = torch.tensor([list(tokens)], dtype=torch.long)
+    embeds = torch.cat([prefix_embeds, model.get_input_embeddings()(ids)], dim=1)
+    hidden = model.model(inputs_embeds=embeds, use_cache=False).last_hidden_state[0, -1]
+    return hidden, model.lm_head(hidden)
+
+
+def greedy_after(model, prefix_embeds, tokens) -> tuple[int, float]:
+    """Target's greedy next token after prefix + tokens, and its top-2 logit margin."""
+    logits = full_forward(model, prefix_embeds, tokens)[1]
+    top = logits.topk(2).values
+    return int(logits.argmax()), float(top[0] - top[1])
+
+
+def reference_ar(model, prefix_embeds, n) -> tuple[list[int], float]:
+    tokens, margin = [], float("inf")
+    for _ in range(n):
+        tok, m = greedy_after(model, prefix_embeds, tokens)
+        tokens.append(tok)
+        margin = min(margin, m)
+    return tokens, margin
+
+
+class ScriptedProposer(Proposer):
+    """Test proposer: drafts the rest of each candidate action; None on the listed steps."""
+
+    def __init__(self, candidates, ar_steps=(), skip=False, on_state=None):
+        self.candidates, self.ar_steps, self.skip, self.on_state = candidates, set(ar_steps), skip, on_state
+        self.calls = 0
+
+    def propose(self, state: DecodeState) -> Proposal | None:
+        step, self.calls = self.calls, self.calls + 1
+        if self.on_state is not None:
+            self.on_state(state)
+        rests = [c[state.position :] for c in self.candidates if len(c) > state.position]
+        if step in self.ar_steps or not rests:
+            return None
+        return Proposal(DraftTree.from_sequences(rests), skip_verify=self.skip)
+
+    def reset(self) -> None:
+        self.calls = 0
+
+
+# A draft token: None = the reference greedy token, ("off", d) = d bins from it, int = that id.
+@st.composite
+def draft_token(draw, max_offset: int):
+    kind = draw(st.sampled_from(["ref", "off", "off", "id"]))
+    if kind == "ref":
+        return None
+    if kind == "off":
+        return ("off", draw(st.integers(-max_offset, max_offset)))
+    return draw(st.integers(0, PADDED - 1))
+
+
+@st.composite
+def scenarios(draw, max_offset=3, n=None, max_correct=None):
+    n = n or draw(st.integers(1, 8))
+    return dict(
+        seed=draw(st.integers(0, 2)),
+        prefix_len=draw(st.integers(1, 6)),
+        n=n,
+        # each candidate: a correct prefix of drafts, then a tail of wrong/near/correct tokens
+        specs=draw(
+            st.lists(
+                st.builds(
+                    lambda k, tail: [None] * k + tail,
+                    st.integers(0, n + 3 if max_correct is None else max_correct),
+                    st.lists(draft_token(max_offset), max_size=3),
+                ),
+                min_size=1,
+                max_size=4,
+            )
+        ),
+        ar_steps=draw(st.sets(st.integers(0, 7), max_size=3)),
+    )
+
+
+def realize(specs, reference) -> list[list[int]]:
+    """Candidate actions from specs; positions past the reference (past the action's end) stay ids."""
+
+    def token(spec, pos):
+        ref = reference[min(pos, len(reference) - 1)]
+        if spec is None:
+            return ref
+        if isinstance(spec, tuple):
+            return min(max(ref - spec[1], VOCAB - 256), VOCAB - 1) if ACTIONS.is_action(ref) else ref
+        return spec
+
+    return [[token(s, p) for p, s in enumerate(spec)] for spec in specs]
+
+
+FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(scenarios())
+def test_exact_acceptance_is_lossless(case):
+    model, embeds = tiny_target(case["seed"]), prefix(case["seed"], case["prefix_len"])
+    reference, margin = reference_ar(model, embeds, case["n"] + 1)
+    assume(margin > MARGIN)
+    ref_hidden = [full_forward(model, embeds, reference[:i])[0] for i in range(case["n"])]
+
+    def check_state(state: DecodeState) -> None:  # hidden rows are the lm_head inputs that predicted them
+        m = len(state.hidden)
+        assert m >= 1 and state.emitted == reference[: state.position]
+        for j in range(m):
+            torch.testing.assert_close(state.hidden[j], ref_hidden[state.position - m + j], atol=1e-4, rtol=0)
+
+    proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"], on_state=check_state)
+    config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB)
+    decoder = SpeculativeDecoder(Verifier(model), config, proposer, ExactAcceptance())
+    result = decoder.decode(embeds)
+    assert result.tokens == reference[: case["n"]]
+    assert result.target_forwards == 1 + len(result.accepted_lengths)
+    # each pass emits its accepted drafts + a bonus token, only the last may be cut at n
+    assert 0 <= sum(result.accepted_lengths) + result.target_forwards - case["n"] <= 1
+    assert result.deviation == 0
+    event(f"accepted drafts: {min(sum(result.accepted_lengths), 3)}+")
+
+
+def emitted_deviations(model, embeds, tokens) -> tuple[list[float], float]:
+    """Per position: bin deviation of the emitted token from the target's greedy given the emitted
+    prefix (inf for a mismatch involving a non-action token), and the smallest greedy logit margin."""
+    devs, margin = [], float("inf")
+    for i, tok in enumerate(tokens):
+        greedy, m = greedy_after(model, embeds, tokens[:i])
+        margin = min(margin, m)
+        if tok == greedy:
+            devs.append(0)
+        elif ACTIONS.is_action(tok) and ACTIONS.is_action(greedy):
+            devs.append(abs(ACTIONS.bin(tok) - ACTIONS.bin(greedy)))
+        else:
+            devs.append(float("inf"))
+    return devs, margin
+
+
+def require(condition: bool) -> None:
+    assert condition
+
+
+def relaxed_decode(case, acceptance, guard=assume):
+    """Decode with a relaxed rule; ``guard`` skips (assume) or fails (require) on fp32 near-ties."""
+    model, embeds = tiny_target(case["seed"]), prefix(case["seed"], case["prefix_len"])
+    reference, _ = reference_ar(model, embeds, case["n"])
+    proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"])
+    config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB)
+    result = SpeculativeDecoder(Verifier(model), config, proposer, acceptance).decode(embeds)
+    assert len(result.tokens) == case["n"]
+    devs, margin = emitted_deviations(model, embeds, result.tokens)
+    guard(margin > MARGIN)
+    assert sum(devs) == result.deviation
+    return result, devs
+
+
+GROUPS = [[0, 1, 2], [3], [4, 5, 6], [7]]
+
+
+def check_groups(devs):
+    for k, group in enumerate(GROUPS):
+        group_devs = [devs[p] for p in group]
+        assert sum(group_devs) <= 30 and max(group_devs) <= 15
+        if k in (1, 3):  # grippers
+            assert group_devs == [0] * len(group)
+
+
+@FAST
+@given(scenarios(max_offset=12, max_correct=2), st.integers(0, 10))
+def test_token_relaxed_stays_within_r(case, r):
+    result, devs = relaxed_decode(case, TokenRelaxedAcceptance(r))
+    assert max(devs) <= r
+    event(f"relaxed tokens emitted: {bool(result.deviation)}")
+
+
+@FAST
+@given(scenarios(max_offset=20, n=8, max_correct=2))
+def test_group_relaxed_groups_within_bounds(case):
+    result, devs = relaxed_decode(case, GroupRelaxedAcceptance(GROUPS, exact_groups=[1, 3]))
+    check_groups(devs)
+    event(f"relaxed tokens emitted: {bool(result.deviation)}")
+
+
+def test_near_drafts_are_accepted_relaxed_and_bounded():
+    """Drafts a few bins off the target's greedy tokens are kept by both relaxed rules."""
+    group_deviations = []
+    for seed in range(3):
+        spec = [None, ("off", 3), ("off", -2), None, ("off", 4)]
+        case = dict(seed=seed, prefix_len=4, n=8, ar_steps=(), specs=[spec])
+        result, devs = relaxed_decode(case, TokenRelaxedAcceptance(9), require)
+        assert result.accepted_lengths[0] >= 1 and result.deviation > 0 and max(devs) <= 9
+        result, devs = relaxed_decode(case, GroupRelaxedAcceptance(GROUPS, exact_groups=[1, 3]), require)
+        assert result.accepted_lengths[0] in (0, 2)  # positions 1, 2 (the rest of group 0) or nothing
+        check_groups(devs)
+        group_deviations.append(result.deviation)
+    assert max(group_deviations) > 0
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_tree_pass_matches_sequential_forwards(attn):
+    """Every node's output equals a no-cache forward over its own path: the 4-D mask is honoured."""
+    model, embeds = tiny_target(0, attn), prefix(0, 5)
+    verifier = Verifier(model)
+    cache = verifier.prefill(embeds).cache
+    tree = DraftTree.from_sequences([[50, 60, 70], [50, 61], [51, 60, 72, 80], [299]])
+    roots = [100, 200]
+    out = verifier.verify(cache, roots, tree)
+    assert cache.get_seq_length() == 5 + len(roots) + len(tree)
+    for slot in range(len(roots) + len(tree)):
+        path = roots[: slot + 1] if slot < len(roots) else roots + tree.tokens[tree.path(slot - 2)].tolist()
+        hidden, logits = full_forward(model, embeds, path)
+        torch.testing.assert_close(out.hidden[slot], hidden, atol=1e-4, rtol=0)
+        assert int(out.next_tokens[slot]) == int(logits.argmax())
+
+
+@pytest.mark.parametrize("branch", [[0, 1, 2], [3, 4], []])  # a leading chain (crop), a side branch, nothing
+def test_commit_compacts_to_the_accepted_path(branch):
+    model, embeds = tiny_target(1), prefix(1, 4)
+    verifier = Verifier(model)
+    pre = verifier.prefill(embeds)
+    tree = DraftTree.from_sequences([[60, 70, 80], [61, 71, 81]])
+    out = verifier.verify(pre.cache, pre.token, tree)
+    verifier.commit(pre.cache, out, branch)
+    path = [pre.token] + tree.tokens[branch].tolist()
+    assert pre.cache.get_seq_length() == 4 + len(path)
+    # decoding continues as if the target had processed only prefix + accepted path
+    follow = verifier.verify(pre.cache, [90, 91], DraftTree.chain([92]))
+    for slot, tail in enumerate([[90], [90, 91], [90, 91, 92]]):
+        hidden, logits = full_forward(model, embeds, path + tail)
+        torch.testing.assert_close(model.lm_head(follow.hidden[slot]), logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("n", [1, 5, 8])
+def test_ar_is_the_loop_without_proposer(n):
+    model, embeds = tiny_target(2), prefix(2, 6)
+    result = SpeculativeDecoder(Verifier(model), DecodeConfig(n_tokens=n, vocab_size=VOCAB)).decode(embeds)
+    assert result.tokens == reference_ar(model, embeds, n)[0]
+    assert result.target_forwards == n and result.accepted_lengths == [0] * (n - 1)
+    assert result.acceptance_length == 1.0
+    assert min(vars(result.timing).values()) >= 0.0 and result.timing.prefill_ms > 0.0
+
+
+def test_correct_chain_draft_takes_two_forwards_and_skip_takes_one():
+    model, embeds = tiny_target(0), prefix(0, 3)
+    reference = reference_ar(model, embeds, 8)[0]
+    config = DecodeConfig(n_tokens=8, vocab_size=VOCAB)
+    drafted = SpeculativeDecoder(Verifier(model), config, ScriptedProposer([reference])).decode(embeds)
+    stop = next((i for i in range(1, 8) if not ACTIONS.is_action(reference[i])), 8)
+    assert drafted.tokens == reference and drafted.accepted_lengths[0] == stop - 1
+    actions = [t if ACTIONS.is_action(t) else VOCAB - 1 for t in reference]
+    skipped = SpeculativeDecoder(Verifier(model), config, ScriptedProposer([actions], skip=True)).decode(embeds)
+    assert skipped.tokens == [reference[0]] + actions[1:]
+    assert skipped.target_forwards == 1 and skipped.skipped_tokens == 7 and skipped.acceptance_length == 8.0
+
+
+def test_partial_skip_then_verify_continues_from_skipped_tokens():
+    """After a skipped draft, the next pass feeds the skipped tokens as roots."""
+    model, embeds = tiny_target(1), prefix(1, 4)
+    wrong = [0, 250, 251, 252]  # positions 1..3 skipped (position 0 comes from the prefill)
+
+    class SkipThenAR(Proposer):
+        def propose(self, state):
+            return Proposal(DraftTree.chain(wrong[1:]), skip_verify=True) if state.position == 1 else None
+
+    config = DecodeConfig(n_tokens=7, vocab_size=VOCAB)
+    result = SpeculativeDecoder(Verifier(model), config, SkipThenAR()).decode(embeds)
+    assert result.tokens[1:4] == wrong[1:] and result.target_forwards == 1 + 3
+    for i in range(4, 7):
+        assert result.tokens[i] == greedy_after(model, embeds, result.tokens[:i])[0]
+
+
+def test_bad_skip_proposals_raise():
+    model, embeds = tiny_target(0), prefix(0, 3)
+    config = DecodeConfig(n_tokens=4, vocab_size=VOCAB)
+    for tree in [DraftTree.from_sequences([[100], [101]]), DraftTree.chain([7])]:
+
+        class Bad(Proposer):
+            def propose(self, state, tree=tree):
+                return Proposal(tree, skip_verify=True)
+
+        with pytest.raises(ValueError, match="skip_verify"):
+            SpeculativeDecoder(Verifier(model), config, Bad()).decode(embeds)
+
+
+def test_decoder_rejects_groups_of_another_action_size():
+    with pytest.raises(ValueError, match="positions"):
+        SpeculativeDecoder(
+            Verifier(tiny_target(0)), DecodeConfig(n_tokens=7, vocab_size=VOCAB), None, GroupRelaxedAcceptance(GROUPS)
+        )
