@@ -1,0 +1,63 @@
+"""`heisd train-vla`: behaviour-clone the target VLA on demonstration files."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "Train the target VLA (CNN + Llama, OpenVLA action tokens) on demonstrations."
+
+# actions per inference: Meta-World 2 x 4 dims = 8 tokens (close to OpenVLA's 7); LIBERO 1 x 7
+CHUNK = {"mw": 2, "libero": 1}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--benchmark", choices=sorted(CHUNK), default="mw",
+                        help="sets the action chunk (mw: 2 actions x 4 dims = 8 tokens)")
+    parser.add_argument("--demos", type=Path, nargs="+", required=True, help="HDF5 demonstration files")
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
+    parser.add_argument("--steps", type=int, default=20000,
+                        help="total optimizer steps; it also sets the cosine schedule, so keep it on --resume")
+    parser.add_argument("--batch-size", type=int, default=64, help="frames per step")
+    parser.add_argument("--lr", type=float, default=5e-4, help="peak AdamW learning rate")
+    parser.add_argument("--warmup-steps", type=int, default=500, help="linear warmup before cosine decay")
+    parser.add_argument("--seed", type=int, default=0, help="split, init, sampling, augmentation")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--val-fraction", type=float, default=0.05, help="episodes held out")
+    parser.add_argument("--eval-every", type=int, default=500, help="steps between validation log lines")
+    parser.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    size = parser.add_argument_group("model size (ignored with --resume)")
+    size.add_argument("--hidden-size", type=int, default=256, help="LLM width (MLP 4x, 4 heads)")
+    size.add_argument("--layers", type=int, default=4, help="LLM decoder layers")
+    size.add_argument("--image-size", type=int, default=64, help="frames are resized to this square")
+    size.add_argument("--vision-channels", default="32,64,128,128", help="one stride-2 stage per entry")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from heisd.vla.train import TRAIN_STATE_FILE, TrainConfig, train
+
+    torch.set_num_threads(args.threads)
+    if not args.resume and (args.out / TRAIN_STATE_FILE).exists():
+        raise SystemExit(f"{args.out} already holds a training run: pass --resume or another --out")
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+                      seed=args.seed, val_fraction=args.val_fraction, eval_every=args.eval_every,
+                      save_every=args.save_every)
+    overrides = {"hidden_size": args.hidden_size, "n_layers": args.layers,
+                 "intermediate_size": 4 * args.hidden_size, "image_size": args.image_size,
+                 "vision_channels": tuple(int(c) for c in args.vision_channels.split(","))}
+    metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
+                    resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark))
+    print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
+    return 0
+
+
+def _registry_instructions(benchmark: str) -> list[str]:
+    """Every instruction the benchmark can give, so the tokenizer has whole words for all of them."""
+    if benchmark == "mw":
+        from heisd.benchmarks.mw import TASKS
+
+        return [t.instruction for t in TASKS.values()]
+    return []

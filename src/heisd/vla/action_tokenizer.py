@@ -1,0 +1,66 @@
+"""OpenVLA's action tokenizer: the one place where action bins are computed.
+
+Each action dimension is normalized to [-1, 1] with the dataset's q01/q99 (clipped), then
+cut by `np.linspace(-1, 1, n_bins)` edges. Token = `vocab_size - np.digitize(a, edges)`, so
+bin `b` is token `vocab_size - 1 - b` and the action ids are the last `n_bins` ids of the
+base vocabulary (OpenVLA: 31744..31999 of 32000). Decoding maps a token to one of the
+`n_bins - 1` bin centers, exactly as OpenVLA does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# OpenVLA's guard against q99 == q01 (a constant action dimension)
+_EPS = 1e-8
+
+
+class ActionTokenizer:
+    def __init__(self, vocab_size: int, q01: np.ndarray, q99: np.ndarray, n_bins: int = 256):
+        self.vocab_size = int(vocab_size)
+        self.n_bins = int(n_bins)
+        self.q01 = np.asarray(q01, dtype=np.float64)
+        self.q99 = np.asarray(q99, dtype=np.float64)
+        if self.q01.shape != self.q99.shape or self.q01.ndim != 1:
+            raise ValueError(f"q01 {self.q01.shape} and q99 {self.q99.shape} must be equal 1-d shapes")
+        if self.vocab_size < self.n_bins:
+            raise ValueError(f"vocab_size {vocab_size} must hold the {n_bins} action ids")
+        self.bins = np.linspace(-1.0, 1.0, self.n_bins)
+        self.bin_centers = (self.bins[:-1] + self.bins[1:]) / 2.0
+        self.first_action_id = self.vocab_size - self.n_bins
+
+    @property
+    def action_dim(self) -> int:
+        return int(self.q01.shape[0])
+
+    def normalize(self, actions: np.ndarray) -> np.ndarray:
+        x = 2.0 * (np.asarray(actions, dtype=np.float64) - self.q01) / (self.q99 - self.q01 + _EPS) - 1.0
+        return np.clip(x, -1.0, 1.0)
+
+    def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
+        return 0.5 * (np.asarray(normalized, dtype=np.float64) + 1.0) * (self.q99 - self.q01 + _EPS) + self.q01
+
+    def encode(self, actions: np.ndarray) -> np.ndarray:
+        """actions [..., A] (raw units) -> token ids [..., A] int64."""
+        actions = np.asarray(actions)
+        if actions.shape[-1] != self.action_dim:
+            raise ValueError(f"actions have {actions.shape[-1]} dims, tokenizer has {self.action_dim}")
+        return (self.vocab_size - np.digitize(self.normalize(actions), self.bins)).astype(np.int64)
+
+    def decode(self, ids: np.ndarray) -> np.ndarray:
+        """token ids [..., A] -> actions [..., A] (raw units, float32) at the bin centers."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.shape[-1] != self.action_dim:
+            raise ValueError(f"ids have {ids.shape[-1]} dims, tokenizer has {self.action_dim}")
+        index = np.clip(self.vocab_size - ids - 1, 0, self.n_bins - 2)
+        return self.unnormalize(self.bin_centers[index]).astype(np.float32)
+
+    # Arithmetic only, so these work on numpy arrays, torch tensors and ints alike.
+    def token_to_bin(self, ids):
+        return self.vocab_size - 1 - ids
+
+    def bin_to_token(self, bins):
+        return self.vocab_size - 1 - bins
+
+    def is_action_token(self, ids):
+        return (ids >= self.first_action_id) & (ids < self.vocab_size)

@@ -1,0 +1,104 @@
+"""Training frames for the VLA: every step of every episode, held in memory.
+
+A frame is (image at t, state at t, prompt of its episode) -> target chunk
+(actions[t], ..., actions[t + chunk - 1]), padded past the episode end by repeating the
+last action (the robot holds its last command once the task is done).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from heisd.data.dataset import DemoFile, DemoFormatError, Episode
+from heisd.vla.action_tokenizer import ActionTokenizer
+from heisd.vla.text_tokenizer import TextTokenizer
+from heisd.vla.vision import resize_images
+
+
+@dataclass
+class Frames:
+    images: torch.Tensor  # uint8 [N, S, S, 3], already at the model's image size
+    states: torch.Tensor  # float32 [N, state_dim]
+    action_ids: torch.Tensor  # int64 [N, chunk * action_dim] target tokens
+    prompt_ids: torch.Tensor  # int64 [N_episodes, L_max], LEFT-padded with the pad id
+    prompt_mask: torch.Tensor  # int64 [N_episodes, L_max], 1 = real token
+    episode: torch.Tensor  # int64 [N]: row of each frame in prompt_ids
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        ep = self.episode[idx]
+        return {"images": self.images[idx], "state": self.states[idx], "action_ids": self.action_ids[idx],
+                "prompt_ids": self.prompt_ids[ep], "prompt_mask": self.prompt_mask[ep]}
+
+
+@dataclass
+class EpisodeRecord:
+    """What the loader keeps of one episode before tokenization."""
+
+    name: str
+    task: str
+    instruction: str
+    images: np.ndarray  # uint8 [T, S, S, 3], resized
+    states: np.ndarray  # float32 [T, state_dim]
+    actions: np.ndarray  # float32 [T, A]
+
+
+def read_episodes(paths: Sequence[str | Path], image_size: int,
+                  benchmark: str | None = None) -> tuple[list[EpisodeRecord], int]:
+    """Successful episodes of all files (resized to image_size), and how many failed ones were dropped.
+
+    Failed demonstrations are dropped: behaviour cloning would imitate the failure.
+    """
+    records, dropped = [], 0
+    for path in paths:
+        with DemoFile(path) as f:
+            found = f.attrs.get("benchmark")
+            if benchmark is not None and found is not None and found != benchmark:
+                raise DemoFormatError(f"{path}: demonstrations of benchmark {found!r}, not {benchmark!r}")
+            for ep in f:
+                if not ep.success:
+                    dropped += 1
+                    continue
+                records.append(_record(f"{Path(path).name}:{ep.name}", ep, image_size))
+    if not records:
+        raise DemoFormatError(f"no successful episodes in {[str(p) for p in paths]}")
+    return records, dropped
+
+
+def _record(name: str, ep: Episode, image_size: int) -> EpisodeRecord:
+    images = resize_images(torch.from_numpy(ep.images), image_size).numpy()
+    return EpisodeRecord(name, ep.task, ep.instruction, images, ep.state, ep.actions)
+
+
+def chunk_targets(actions: np.ndarray, chunk: int) -> np.ndarray:
+    """[T, A] -> [T, chunk, A]: row t holds actions t..t+chunk-1, the last one repeated past the end."""
+    t = len(actions)
+    idx = np.minimum(np.arange(t)[:, None] + np.arange(chunk)[None, :], t - 1)
+    return actions[idx]
+
+
+def build_frames(records: Sequence[EpisodeRecord], text: TextTokenizer,
+                 actions: ActionTokenizer, chunk: int) -> Frames:
+    prompts = [text.encode_prompt(r.instruction) for r in records]
+    width = max(len(p) for p in prompts)
+    prompt_ids = torch.full((len(records), width), text.pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(records), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        prompt_ids[i, width - len(p):] = torch.tensor(p)
+        prompt_mask[i, width - len(p):] = 1
+    ids = [actions.encode(chunk_targets(r.actions, chunk)).reshape(len(r.actions), -1) for r in records]
+    return Frames(
+        images=torch.from_numpy(np.concatenate([r.images for r in records])),
+        states=torch.from_numpy(np.concatenate([r.states for r in records]).astype(np.float32)),
+        action_ids=torch.from_numpy(np.concatenate(ids)),
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        episode=torch.cat([torch.full((len(r.actions),), i, dtype=torch.long) for i, r in enumerate(records)]),
+    )

@@ -1,0 +1,206 @@
+"""The target VLA: CoordConv CNN -> projector -> Llama, with OpenVLA's token conventions.
+
+Prefix fed to the LLM as `inputs_embeds`:
+    [image tokens (grid x grid) | one proprioception token | prompt tokens]
+then `chunk * action_dim` action tokens are decoded (Meta-World: 2 actions x 4 dims = 8).
+The proprioception token is a linear projection of the normalized robot state (end-effector
+xyz + gripper opening), as OpenVLA-OFT and LeRobot policies feed state to the backbone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from heisd.vla.action_tokenizer import ActionTokenizer
+from heisd.vla.text_tokenizer import TextTokenizer
+from heisd.vla.vision import VisionEncoder
+
+
+@dataclass
+class VLAConfig:
+    text_vocab_size: int  # ids of the text tokenizer (id 0 = pad); the action ids follow them
+    action_dim: int = 4  # dims per action (Meta-World: dx dy dz grip)
+    chunk: int = 2  # actions predicted per inference (action chunk)
+    n_bins: int = 256  # action bins per dimension (OpenVLA: 256)
+    state_dim: int = 4  # proprioception: end-effector xyz + gripper opening
+    image_size: int = 64  # frames are area-resized to this square before the CNN
+    vision_channels: tuple[int, ...] = (32, 64, 128, 128)  # one stride-2 stage each; grid = image_size / 2**stages
+    shift_pad: int = 4  # DrQ random-shift pad in pixels at image_size (training only)
+    hidden_size: int = 256  # LLM width
+    n_layers: int = 4  # LLM decoder layers
+    n_heads: int = 4  # attention heads (no GQA at this size)
+    intermediate_size: int = 1024  # LLM MLP width
+    max_positions: int = 128  # longest sequence (prefix + action tokens)
+    rope_theta: float = 10000.0  # RoPE base
+    vocab_multiple: int = 64  # embedding rows padded to a multiple (OpenVLA: 32000 -> 32064); pad ids are never actions
+
+    @property
+    def vocab_size(self) -> int:
+        """Base vocabulary: text ids + action ids. Action ids are its last n_bins ids."""
+        return self.text_vocab_size + self.n_bins
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.vocab_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+    @property
+    def n_action_tokens(self) -> int:
+        return self.chunk * self.action_dim
+
+    @property
+    def image_grid(self) -> int:
+        return self.image_size // 2 ** len(self.vision_channels)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["vision_channels"] = list(self.vision_channels)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "VLAConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown VLAConfig fields: {sorted(unknown)}")
+        d = dict(d)
+        if "vision_channels" in d:
+            d["vision_channels"] = tuple(d["vision_channels"])
+        return cls(**d)
+
+    def validate(self) -> None:
+        if self.image_size % 2 ** len(self.vision_channels) or self.image_grid < 1:
+            raise ValueError(f"image_size {self.image_size} not divisible by 2**{len(self.vision_channels)}")
+        if self.hidden_size % self.n_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} not divisible by n_heads {self.n_heads}")
+
+
+@dataclass
+class NormStats:
+    """Action q01/q99 (what the bins use) and state mean/std (what the state token sees)."""
+
+    q01: np.ndarray
+    q99: np.ndarray
+    state_mean: np.ndarray
+    state_std: np.ndarray
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. action mean/std/min/max, for reference
+
+    def to_dict(self) -> dict[str, Any]:
+        core = {k: np.asarray(getattr(self, k), dtype=np.float64).tolist() for k in ("q01", "q99", "state_mean", "state_std")}
+        return {**core, "extra": self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NormStats":
+        arrays = {k: np.asarray(d[k], dtype=np.float64) for k in ("q01", "q99", "state_mean", "state_std")}
+        return cls(**arrays, extra=d.get("extra", {}))
+
+
+@dataclass
+class TeacherForced:
+    logits: torch.Tensor  # [B, n_action_tokens, padded_vocab]: logits predicting each action token
+    hidden: torch.Tensor  # [B, n_action_tokens, d]: lm_head inputs at those positions
+
+
+class VLA(nn.Module):
+    def __init__(self, config: VLAConfig, norm_stats: NormStats, text_tokenizer: TextTokenizer):
+        super().__init__()
+        config.validate()
+        if text_tokenizer.vocab_size != config.text_vocab_size:
+            raise ValueError(f"tokenizer has {text_tokenizer.vocab_size} ids, config says {config.text_vocab_size}")
+        if len(norm_stats.q01) != config.action_dim or len(norm_stats.state_mean) != config.state_dim:
+            raise ValueError("norm stats do not match the config's action_dim / state_dim")
+        self.config = config
+        self.norm_stats = norm_stats
+        self.text_tokenizer = text_tokenizer
+        self.action_tokenizer = ActionTokenizer(config.vocab_size, norm_stats.q01, norm_stats.q99, config.n_bins)
+        d = config.hidden_size
+        self.vision = VisionEncoder(config.vision_channels, config.image_size, config.shift_pad)
+        # OpenVLA-style MLP projector from vision features to the LLM width
+        self.projector = nn.Sequential(nn.Linear(self.vision.out_dim, d), nn.GELU(), nn.Linear(d, d))
+        self.state_proj = nn.Linear(config.state_dim, d)
+        self.llm = LlamaForCausalLM(LlamaConfig(
+            vocab_size=config.padded_vocab_size, hidden_size=d, intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
+            num_key_value_heads=config.n_heads, max_position_embeddings=config.max_positions,
+            rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+            pad_token_id=text_tokenizer.pad_id, bos_token_id=None, eos_token_id=None,
+            tie_word_embeddings=False,
+        ))
+        # not persistent: norm_stats.json is the single record of these numbers
+        self.register_buffer("state_mean", torch.tensor(norm_stats.state_mean, dtype=torch.float32), persistent=False)
+        self.register_buffer("state_std", torch.tensor(norm_stats.state_std, dtype=torch.float32), persistent=False)
+
+    # ----- prefix -----
+    def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, H, W, 3] -> [B, grid*grid, d]."""
+        return self.projector(self.vision(images))
+
+    def state_token(self, state: torch.Tensor) -> torch.Tensor:
+        """float [B, state_dim] (raw: ee xyz, gripper opening) -> [B, 1, d]."""
+        return self.state_proj((state.float() - self.state_mean) / self.state_std).unsqueeze(1)
+
+    def prefix_embeds(self, images: torch.Tensor, prompt_ids: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """[image tokens | state token | prompt] embeddings, [B, P, d]; P = grid^2 + 1 + L."""
+        prompt = self.llm.get_input_embeddings()(prompt_ids)
+        return torch.cat([self.image_tokens(images), self.state_token(state), prompt], dim=1)
+
+    def pooled_vision_feature(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, H, W, 3] -> [B, 4*C], the retrieval key (not normalized).
+
+        Pooled to a 2x2 grid rather than a global mean: where the object sits in the frame
+        is what separates otherwise similar frames.
+        """
+        fmap = self.vision.feature_map(images)
+        return nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1)
+
+    def encode_prompt(self, instruction: str) -> torch.Tensor:
+        """Instruction -> prompt ids [1, L] (OpenVLA's prompt template)."""
+        return torch.tensor([self.text_tokenizer.encode_prompt(instruction)], dtype=torch.long)
+
+    # ----- training / validation -----
+    def teacher_forced(
+        self, images: torch.Tensor, prompt_ids: torch.Tensor, state: torch.Tensor,
+        action_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
+    ) -> TeacherForced:
+        """One pass over [prefix | action_ids[:, :-1]]; returns what predicts each action token.
+
+        `prompt_mask` [B, L] (1 = real token) allows a batch of different prompt lengths,
+        LEFT-padded with the pad id; positions skip the pads, so each row computes exactly
+        what its unpadded prefix would.
+        """
+        n = action_ids.shape[1]
+        emb = torch.cat([self.prefix_embeds(images, prompt_ids, state),
+                         self.llm.get_input_embeddings()(action_ids[:, :-1])], dim=1)
+        kwargs: dict[str, torch.Tensor] = {}
+        if prompt_mask is not None:
+            b, n_img = emb.shape[0], self.config.image_grid ** 2 + 1
+            ones = torch.ones(b, 1, dtype=torch.long, device=emb.device)
+            mask = torch.cat([ones.expand(b, n_img), prompt_mask.long(), ones.expand(b, n - 1)], dim=1)
+            kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
+        hidden = self.llm.model(inputs_embeds=emb, use_cache=False, **kwargs).last_hidden_state[:, -n:]
+        return TeacherForced(logits=self.llm.lm_head(hidden), hidden=hidden)
+
+    # ----- persistence -----
+    def save_pretrained(self, directory: str | Path) -> None:
+        from heisd.vla.checkpoint import save_vla
+
+        save_vla(self, Path(directory))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "VLA":
+        from heisd.vla.checkpoint import load_vla
+
+        return load_vla(Path(directory))
+
+    def fingerprint(self) -> str:
+        from heisd.vla.checkpoint import fingerprint
+
+        return fingerprint(self)

@@ -1,0 +1,250 @@
+"""Behaviour cloning of the VLA: teacher-forced cross-entropy on the action tokens only.
+
+`DIR/` holds the latest checkpoint (VLA files) plus `train_state.pt` (weights, optimizer,
+scheduler, sampler and RNG state, so `resume` continues exactly), `train_log.jsonl`
+(validation token accuracy over time) and `train_info.json` (what was run, on what data).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from heisd.data.dataset import compute_action_stats
+from heisd.vla.frames import Frames, build_frames, read_episodes
+from heisd.vla.model import VLA, NormStats, VLAConfig
+from heisd.vla.text_tokenizer import TextTokenizer
+
+TRAIN_STATE_FILE = "train_state.pt"
+LOG_FILE = "train_log.jsonl"
+INFO_FILE = "train_info.json"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20000  # optimizer steps in total (a resumed run stops here too)
+    batch_size: int = 64  # frames per step
+    lr: float = 5e-4  # peak learning rate (AdamW)
+    weight_decay: float = 0.01  # AdamW decay on matrices (not norms, biases)
+    warmup_steps: int = 500  # linear warmup, then cosine decay
+    min_lr_ratio: float = 0.05  # cosine floor as a fraction of lr
+    grad_clip: float = 1.0  # global gradient-norm clip
+    seed: int = 0  # data split, init, sampling and augmentation
+    val_fraction: float = 0.05  # episodes held out for validation
+    eval_every: int = 500  # steps between validation + log lines
+    save_every: int = 1000  # steps between checkpoints
+    max_val_frames: int = 2048  # validation cost bound
+
+
+class EpochSampler:
+    """Random permutations of the frames, one per epoch; its state is part of train_state."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        self.n, self.batch_size = n, batch_size
+        self.gen = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = torch.randperm(n, generator=self.gen), 0
+
+    def next(self) -> torch.Tensor:
+        if self.pos + self.batch_size > self.n:  # drop the ragged tail: every batch the same size
+            self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
+        idx = self.perm[self.pos:self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return idx
+
+    def state_dict(self) -> dict:
+        return {"gen": self.gen.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.gen.set_state(s["gen"])
+        self.perm, self.pos = s["perm"], s["pos"]
+
+
+def _lr_lambda(cfg: TrainConfig):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        t = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+    return f
+
+
+def _optimizer(model: VLA, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def action_loss(model: VLA, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy over the action tokens only, and the logits [B, n, V] that gave it."""
+    out = model.teacher_forced(batch["images"], batch["prompt_ids"], batch["state"],
+                               batch["action_ids"], batch["prompt_mask"])
+    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["action_ids"].flatten())
+    return loss, out.logits
+
+
+@torch.no_grad()
+def evaluate(model: VLA, frames: Frames, max_frames: int, batch_size: int = 256) -> dict[str, float]:
+    """Teacher-forced greedy metrics on held-out frames (an evenly spaced subset if large)."""
+    was_training = model.training
+    model.eval()
+    tok = model.action_tokenizer
+    idx = torch.linspace(0, len(frames) - 1, min(max_frames, len(frames))).round().long().unique()
+    loss_sum, correct, bin_err = 0.0, [], []
+    for part in idx.split(batch_size):
+        batch = frames.batch(part)
+        loss, logits = action_loss(model, batch)
+        loss_sum += loss.item() * len(part)
+        correct.append(logits.argmax(-1) == batch["action_ids"])
+        # bin error of the best action token (a non-action argmax has no bin)
+        best = logits[..., tok.first_action_id:tok.vocab_size].argmax(-1) + tok.first_action_id
+        bin_err.append((tok.token_to_bin(best) - tok.token_to_bin(batch["action_ids"])).abs().float())
+    model.train(was_training)
+    ok = torch.cat(correct)
+    return {"val_loss": loss_sum / len(idx), "val_acc": ok.float().mean().item(),
+            "val_chunk_acc": ok.all(1).float().mean().item(), "val_bin_err": torch.cat(bin_err).mean().item()}
+
+
+def _split(n_episodes: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Held-out episodes (whole episodes, so validation frames are unseen trajectories)."""
+    n_val = min(n_episodes - 1, round(val_fraction * n_episodes)) if val_fraction > 0 else 0
+    perm = torch.randperm(n_episodes, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(perm[n_val:]), sorted(perm[:n_val])
+
+
+def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructions: Sequence[str]) -> VLA:
+    stats = compute_action_stats(paths)
+    states = np.concatenate([r.states for r in records])
+    norm = NormStats(q01=stats.q01, q99=stats.q99, state_mean=states.mean(0),
+                     state_std=np.maximum(states.std(0), 1e-2),  # floor: a near-constant dim must not blow up
+                     extra={"action": stats.to_dict()})
+    text = TextTokenizer.train([r.instruction for r in records] + list(instructions))
+    config = VLAConfig(text_vocab_size=text.vocab_size, action_dim=int(len(stats.q01)), chunk=chunk,
+                       state_dim=int(states.shape[1]), **overrides)
+    torch.manual_seed(seed)
+    return VLA(config, norm, text)
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
+          resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = ()) -> dict:
+    """Train (or resume) and return the last logged metrics.
+
+    `instructions`: extra instructions (the benchmark's task registry) for the text tokenizer,
+    besides those found in the demonstrations. `benchmark`: demo files must say the same.
+    """
+    wall0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    state = None
+    if resume:
+        if not (out / TRAIN_STATE_FILE).is_file():
+            raise FileNotFoundError(f"--resume: no {TRAIN_STATE_FILE} in {out}")
+        state = torch.load(out / TRAIN_STATE_FILE, weights_only=True)
+        saved = TrainConfig(**state["train_config"])
+        cfg = TrainConfig(**{**asdict(saved), "steps": cfg.steps, "eval_every": cfg.eval_every,
+                             "save_every": cfg.save_every})  # the trajectory-defining settings stay as saved
+        model = VLA.from_pretrained(out)
+        model.load_state_dict(state["model"])
+    image_size = model.config.image_size if resume else VLAConfig(0, **(model_overrides or {})).image_size
+    records, dropped = read_episodes(paths, image_size, benchmark)
+    if not resume:
+        model = _new_model(records, paths, chunk, model_overrides or {}, cfg.seed, instructions)
+    train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)
+    tok = model.action_tokenizer
+    train_frames = build_frames([records[i] for i in train_eps], model.text_tokenizer, tok, model.config.chunk)
+    val_frames = build_frames([records[i] for i in val_eps], model.text_tokenizer, tok, model.config.chunk) if val_eps else None
+    data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(train_frames),
+            "val_frames": len(val_frames) if val_frames else 0}
+    if state is not None and state["data"] != data:
+        raise ValueError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
+    del records
+
+    model.train()
+    opt = _optimizer(model, cfg)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    sampler = EpochSampler(len(train_frames), cfg.batch_size, cfg.seed)
+    step, train_time = 0, 0.0
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["torch_rng"])
+        step, train_time = state["step"], state["train_time_s"]
+    _truncate_log(out / LOG_FILE, step)
+
+    info = {"command": " ".join(sys.argv), "seed": cfg.seed, "demos": [str(p) for p in paths], **data,
+            "dropped_failed_episodes": dropped, "threads": torch.get_num_threads(),
+            "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
+            "model_config": model.config.to_dict()}
+    metrics: dict = {}
+    loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
+    bar = tqdm(total=cfg.steps, initial=step, desc="train-vla", dynamic_ncols=True)
+    t0, step0 = time.perf_counter(), step
+    while step < cfg.steps:
+        batch = train_frames.batch(sampler.next())
+        loss, logits = action_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        step += 1
+        acc = (logits.argmax(-1) == batch["action_ids"]).float().mean().item()
+        loss_sum, acc_sum, n_sum = loss_sum + loss.item(), acc_sum + acc, n_sum + 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.3f}")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            elapsed = train_time + time.perf_counter() - t0
+            metrics = {"step": step, "lr": sched.get_last_lr()[0], "train_loss": loss_sum / n_sum,
+                       "train_acc": acc_sum / n_sum, "train_time_s": round(elapsed, 1),
+                       "samples_per_s": round((step - step0) * cfg.batch_size / (time.perf_counter() - t0), 1)}
+            if val_frames is not None:
+                metrics.update(evaluate(model, val_frames, cfg.max_val_frames))
+            with open(out / LOG_FILE, "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+            loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            now = train_time + time.perf_counter() - t0
+            _save(model, out, {"step": step, "train_time_s": now, "train_config": asdict(cfg), "data": data,
+                               "model": model.state_dict(), "optimizer": opt.state_dict(),
+                               "scheduler": sched.state_dict(), "sampler": sampler.state_dict(),
+                               "torch_rng": torch.get_rng_state()})
+            _write_json_atomic(out / INFO_FILE, {**info, "step": step, "train_time_s": round(now, 1),
+                                                 "wall_time_s": round(time.perf_counter() - wall0, 1),
+                                                 "fingerprint": model.fingerprint(), "last_metrics": metrics})
+    bar.close()
+    return metrics
+
+
+def _save(model: VLA, out: Path, train_state: dict) -> None:
+    """Checkpoint files first, train_state last: resume reads the weights from train_state,
+    so a crash in between leaves a consistent (older) resume point."""
+    model.save_pretrained(out)
+    tmp = out / (TRAIN_STATE_FILE + ".tmp")
+    torch.save(train_state, tmp)
+    os.replace(tmp, out / TRAIN_STATE_FILE)
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log lines past the resume point (written after the last checkpoint of a killed run)."""
+    if not path.is_file():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+    path.write_text("".join(ln + "\n" for ln in lines))

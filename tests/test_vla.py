@@ -1,0 +1,236 @@
+"""The target VLA: tokenizers, checkpoints and a short training run on a synthetic HDF5 file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from heisd.data.dataset import DemoFormatError
+from heisd.vla import VLA, ActionTokenizer, CheckpointError, NormStats, TextTokenizer, VLAConfig
+from heisd.vla.frames import chunk_targets
+from heisd.vla.vision import random_shift, resize_images
+
+INSTRUCTIONS = ["move left", "move right and open the gripper"]
+TINY = {"hidden_size": 32, "n_layers": 1, "intermediate_size": 64, "image_size": 16,
+        "vision_channels": (8, 16), "max_positions": 64}
+
+
+# ----- action tokenizer -----
+def test_action_tokenizer_hand_computed():
+    tok = ActionTokenizer(1000, q01=np.array([-2.0, 0.0]), q99=np.array([2.0, 1.0]))
+    # -2 -> -1 -> digitize 1 -> id 999 (bin 0). q99 normalizes to just below 1 (OpenVLA's
+    # 1e-8 in the denominator) -> digitize 255 -> id 745 (bin 254)
+    assert tok.encode(np.array([-2.0, 1.0])).tolist() == [999, 745]
+    # 0 normalizes to 0.0: edges are k*2/255 - 1, 0.0 lies in [edge 127, edge 128) -> digitize 128 -> id 872
+    assert tok.encode(np.array([0.0, 0.5])).tolist() == [872, 872]
+    # out of the q01/q99 range clips to exactly +-1; +1 is the only value in bin 255 (id 744)
+    assert tok.encode(np.array([-9.0, 9.0])).tolist() == [999, 744]
+    assert tok.token_to_bin(999) == 0 and tok.bin_to_token(255) == 744
+    assert tok.is_action_token(np.array([743, 744, 999, 1000])).tolist() == [False, True, True, False]
+    # decode: id 872 -> index clip(1000-872-1) = 127 -> center (edge127 + edge128)/2 = 0.0
+    np.testing.assert_allclose(tok.decode(np.array([872, 872])), [0.0, 0.5], atol=1e-6)
+    # id 744 (bin 255) decodes into the last of the 255 centers, like OpenVLA
+    last_center = (np.linspace(-1, 1, 256)[-2] + 1.0) / 2
+    np.testing.assert_allclose(tok.decode(np.array([744, 999]))[0], 2.0 * last_center, rtol=1e-6)
+
+
+def test_action_tokenizer_round_trip_within_half_a_bin():
+    rng = np.random.default_rng(0)
+    q01, q99 = np.array([-1.0, -0.5, 0.0, -1.0]), np.array([1.0, 0.5, 2.0, 1.0])
+    tok = ActionTokenizer(32000, q01, q99)
+    actions = rng.uniform(q01, q99, size=(50, 2, 4))
+    ids = tok.encode(actions)
+    assert ids.shape == (50, 2, 4) and tok.is_action_token(ids).all()
+    assert ids.min() >= 31744 and ids.max() <= 31999
+    bin_width = (q99 - q01) * (2 / 255) / 2
+    assert (np.abs(tok.decode(ids) - actions) <= bin_width / 2 + 1e-6).all()
+    np.testing.assert_allclose(tok.unnormalize(tok.normalize(actions)), actions, atol=1e-6)
+
+
+def test_chunk_targets_repeats_last_action():
+    a = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert chunk_targets(a, 2).tolist() == [[[0, 1], [2, 3]], [[2, 3], [4, 5]], [[4, 5], [4, 5]]]
+
+
+# ----- text tokenizer -----
+def test_text_tokenizer_prompt_and_unseen_words(tmp_path):
+    text = TextTokenizer.train(INSTRUCTIONS)
+    ids = text.encode_prompt("Move left.")
+    assert text.decode(ids) == "In: What action should the robot take to move left?\nOut:"
+    assert 0 < len(ids) < 20 and text.pad_id not in ids
+    assert text.decode(text.encode_prompt("close the window")).endswith("close the window?\nOut:")
+    text.save(tmp_path / "tokenizer.json")
+    assert TextTokenizer.load(tmp_path / "tokenizer.json").encode_prompt("move left") == ids
+
+
+# ----- model -----
+def tiny_model(seed: int = 0) -> VLA:
+    torch.manual_seed(seed)
+    text = TextTokenizer.train(INSTRUCTIONS)
+    norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(4), state_std=np.ones(4))
+    return VLA(VLAConfig(text_vocab_size=text.vocab_size, **TINY), norm, text).eval()
+
+
+def inputs(model: VLA, b: int = 2):
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (b, 32, 32, 3), dtype=torch.uint8, generator=g)
+    prompt = model.encode_prompt("move left").expand(b, -1)
+    lo = model.config.vocab_size - 256
+    actions = torch.randint(lo, model.config.vocab_size, (b, 8), generator=g)
+    return images, prompt, torch.randn(b, 4, generator=g), actions
+
+
+def test_vocab_layout_and_prefix_shape():
+    model = tiny_model()
+    cfg = model.config
+    assert cfg.vocab_size == model.text_tokenizer.vocab_size + 256
+    assert model.llm.config.vocab_size == cfg.padded_vocab_size >= cfg.vocab_size
+    assert cfg.padded_vocab_size % 64 == 0
+    images, prompt, state, _ = inputs(model)
+    emb = model.prefix_embeds(images, prompt, state)
+    assert emb.shape == (2, cfg.image_grid ** 2 + 1 + prompt.shape[1], cfg.hidden_size)
+    assert model.pooled_vision_feature(images).shape == (2, 4 * cfg.vision_channels[-1])
+
+
+def test_left_padded_prompt_gives_the_same_logits():
+    model = tiny_model()
+    images, prompt, state, actions = inputs(model)
+    with torch.no_grad():
+        plain = model.teacher_forced(images, prompt, state, actions).logits
+        padded = torch.cat([torch.zeros(2, 3, dtype=torch.long), prompt], 1)
+        mask = torch.cat([torch.zeros(2, 3, dtype=torch.long), torch.ones_like(prompt)], 1)
+        out = model.teacher_forced(images, padded, state, actions, mask).logits
+    torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_image_ops():
+    img = torch.randint(0, 256, (3, 32, 32, 3), dtype=torch.uint8)
+    small = resize_images(img, 16)
+    assert small.dtype == torch.uint8 and small.shape == (3, 16, 16, 3)
+    assert torch.equal(resize_images(small, 16), small)  # idempotent: load-time == run-time resizing
+    x = torch.arange(2 * 1 * 4 * 4, dtype=torch.float32).view(2, 1, 4, 4)
+    shifted = random_shift(x, 2)
+    assert shifted.shape == x.shape
+    for b in range(2):  # each output is a 4x4 window of the replicate-padded image
+        padded = torch.nn.functional.pad(x[b:b + 1], (2, 2, 2, 2), mode="replicate")[0, 0]
+        assert any(torch.equal(shifted[b, 0], padded[i:i + 4, j:j + 4]) for i in range(5) for j in range(5))
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json", "model.safetensors", "norm_stats.json", "tokenizer.json"]
+    loaded = VLA.from_pretrained(tmp_path)
+    images, prompt, state, actions = inputs(model)
+    with torch.no_grad():
+        a = model.teacher_forced(images, prompt, state, actions).logits
+        b = loaded.teacher_forced(images, prompt, state, actions).logits
+    assert torch.equal(a, b)
+    assert loaded.fingerprint() == model.fingerprint() != tiny_model(seed=1).fingerprint()
+
+
+def test_bad_checkpoints_error_clearly(tmp_path):
+    tiny_model().save_pretrained(tmp_path / "ok")
+    with pytest.raises(CheckpointError, match="no VLA checkpoint"):
+        VLA.from_pretrained(tmp_path / "absent")
+    for name, damage, message in [
+        ("missing", lambda d: (d / "norm_stats.json").unlink(), "lacks norm_stats.json"),
+        ("corrupt", lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 40), "corrupt model.safetensors"),
+        ("badjson", lambda d: (d / "config.json").write_text("{"), "corrupt config.json"),
+        ("mismatch", lambda d: (d / "config.json").write_text(json.dumps(
+            {**json.loads((d / "config.json").read_text()), "hidden_size": 64, "intermediate_size": 128})),
+         "does not match the weights"),
+    ]:
+        d = tmp_path / name
+        tiny_model().save_pretrained(d)
+        damage(d)
+        with pytest.raises(CheckpointError, match=message):
+            VLA.from_pretrained(d)
+
+
+# ----- training -----
+def write_demos(path: Path, n_episodes: int = 8, t: int = 12) -> None:
+    """Episodes whose action is set by the instruction and the position of a bright square."""
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["benchmark"] = "mw"
+        data.attrs["env_args"] = json.dumps({"camera": "corner2"})
+        for i in range(n_episodes):
+            k = i % 2
+            images = np.zeros((t, 32, 32, 3), dtype=np.uint8)
+            row = rng.integers(0, 24)
+            images[:, row:row + 8, 8:16] = 255
+            actions = np.zeros((t, 4), dtype=np.float32)
+            actions[:, 0] = -0.5 if k == 0 else 0.5
+            actions[:, 1] = row / 12.0 - 1.0
+            actions[:, 3] = np.where(np.arange(t) < t // 2, -1.0, 1.0)
+            g = data.create_group(f"demo_{i}")
+            g.attrs.update({"task": f"task{k}", "instruction": INSTRUCTIONS[k], "success": True})
+            g.create_dataset("actions", data=actions)
+            g.create_dataset("obs/agentview_rgb", data=images)
+            g.create_dataset("obs/ee_pos", data=rng.normal(size=(t, 3)).astype(np.float32))
+            g.create_dataset("obs/gripper_states", data=rng.uniform(size=(t, 1)).astype(np.float32))
+
+
+def run_train(demos: Path, out: Path, steps: int, resume: bool = False, benchmark: str = "mw") -> int:
+    from heisd.cli import main
+
+    return main(["train-vla", "--benchmark", benchmark, "--demos", str(demos), "--out", str(out),
+                 "--steps", str(steps), "--batch-size", "16", "--lr", "3e-3", "--warmup-steps", "5",
+                 "--threads", "1", "--val-fraction", "0.25", "--eval-every", "10", "--save-every", "20",
+                 "--hidden-size", "32", "--layers", "1", "--image-size", "16", "--vision-channels", "8,16",
+                 *(["--resume"] if resume else [])])
+
+
+def log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_training_lowers_loss_and_resume_continues_exactly(tmp_path):
+    demos = tmp_path / "demos.hdf5"
+    write_demos(demos)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run_train(demos, straight, 40) == 0
+    lines = log(straight)
+    assert [r["step"] for r in lines] == [10, 20, 30, 40]
+    assert lines[-1]["train_loss"] < lines[0]["train_loss"] * 0.7
+    assert lines[-1]["val_loss"] < lines[0]["val_loss"]
+    model = VLA.from_pretrained(straight)
+    assert len(model.text_tokenizer.encode_prompt("open the door")) < len(model.encode_prompt("open the dxqr")[0])
+    info = json.loads((straight / "train_info.json").read_text())
+    assert info["train_episodes"] == 6 and info["val_episodes"] == 2 and info["train_frames"] == 72
+    assert info["fingerprint"] == VLA.from_pretrained(straight).fingerprint()
+
+    with pytest.raises(DemoFormatError, match="benchmark 'mw', not 'libero'"):
+        run_train(demos, tmp_path / "wrong", 40, benchmark="libero")
+
+    # a run killed right after its step-20 checkpoint, with a log line written after it
+    from heisd.vla import train as train_module
+
+    save = train_module._save
+
+    def save_then_die(model, out, state):
+        save(model, out, state)
+        if state["step"] == 20:
+            raise KeyboardInterrupt
+
+    train_module._save = save_then_die
+    try:
+        assert run_train(demos, split, 40) == 130
+    finally:
+        train_module._save = save
+    with open(split / "train_log.jsonl", "a") as f:
+        f.write(json.dumps({"step": 30, "train_loss": 0.0}) + "\n")
+    with pytest.raises(SystemExit, match="already holds"):
+        run_train(demos, split, 40)
+    assert run_train(demos, split, 40, resume=True) == 0
+    assert [r["step"] for r in log(split)] == [10, 20, 30, 40]
+    assert log(split)[-1]["train_loss"] == pytest.approx(lines[-1]["train_loss"], rel=1e-6)
+    assert VLA.from_pretrained(split).fingerprint() == VLA.from_pretrained(straight).fingerprint()
