@@ -1,0 +1,179 @@
+"""`heisd calibrate`: set the verify-skip theta and the hybrid threshold on held-out frames.
+
+Per held-out frame: the target's greedy tokens and prefill hidden state, the datastore's
+Top-K; s = cosine(hidden, top-1 stored hidden); whether the top-1 draft passes the
+group-relaxed check against the greedy tokens; tokens per target forward of retrieval SD
+(the real decode loop; after a rejected group the drafter, or plain AR without one; a frame
+that would skip at the calibrated theta counts n); the same for drafter SD (`--drafter`;
+without one the drafter mode is taken as AR, 1 token per forward); and the kinematic metric
+F over the episode's last w positions.
+theta = `calibrate_theta` over frames where the free first-token guard holds (others never
+skip); threshold = `calibrate_threshold` over frames with F (the switch uses the drafter
+before w positions exist). Both, and the numbers behind them, go into the manifest's extras.
+Every decode uses the group-relaxed rule: HeiSD runs one decoder with one acceptance rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+HELP = "Calibrate verify-skip theta and the hybrid kinematic threshold on held-out demonstrations."
+HYBRID_KEY = "hybrid"  # extras: the calibrated F threshold and its numbers
+FRAMES_KEY = "calibration_frames"  # extras: per-frame numbers behind both
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", type=Path, required=True, help="target VLA checkpoint directory")
+    p.add_argument("--datastore", type=Path, required=True, help="datastore built for this target")
+    p.add_argument("--demos", type=Path, nargs="+", required=True, help="held-out HDF5 demonstrations")
+    p.add_argument("--precision", type=float, default=0.95, help="required precision of skipped drafts")
+    p.add_argument("--frames", type=int, default=512, help="held-out frames sampled (all if fewer)")
+    p.add_argument("--payload", choices=["own", "demo", "both"], default="own", help="tokens drafted from")
+    p.add_argument("--k", type=int, default=8, help="Top-K retrieved")
+    p.add_argument("--drafter", type=Path, help="drafter directory (else drafter mode = AR)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0, help="frame sampling")
+
+
+def run(args: argparse.Namespace) -> int:
+    import faiss
+    import torch
+
+    from heisd.retrieval.build import open_datastore
+    from heisd.vla import VLA
+
+    if args.frames < 1 or not 0 < args.precision <= 1:
+        raise SystemExit("--frames must be >= 1 and --precision in (0, 1]")
+    torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(1)  # one query per control step, as at run time
+    vla = VLA.from_pretrained(args.target)
+    datastore = open_datastore(args.datastore, vla)
+    drafter = None
+    if args.drafter is not None:
+        from heisd.drafter import Drafter, DrafterTarget
+
+        drafter = Drafter.from_pretrained(args.drafter, DrafterTarget.from_vla(vla))
+    report = calibrate(vla, datastore, args.demos, args.precision, args.frames, args.payload, args.k, args.seed,
+                       drafter)
+    skip, hybrid = report["verify_skip"], report["hybrid"]
+    print(f"{'held-out frames':<22}{skip['frames_total']} ({skip['frames']} with the first-token guard)")
+    print(f"{'top-1 hidden cos':<22}median {skip['similarity_median']:.4f}   draft passes {skip['pass_rate']:.2f}")
+    print(f"{'verify-skip theta':<22}{skip['theta']:.4f}   skip rate {skip['skip_rate']:.2f}   "
+          f"precision {skip['achieved_precision']:.3f} (target {args.precision})")
+    print(f"{'hybrid threshold F':<22}{hybrid['threshold']:.4f}   retrieval fraction "
+          f"{hybrid['retrieval_fraction']:.2f}   tokens/forward {hybrid['expected_tpf']:.2f} "
+          f"(retrieval {hybrid['tpf_retrieval_mean']:.2f}, drafter={hybrid['drafter']} "
+          f"{hybrid['tpf_drafter_mean']:.2f})")
+    print(f"stored in {args.datastore}/manifest.json extras")
+    return 0
+
+
+def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.95, n_frames: int = 512,
+              payload: str = "own", k: int = 8, seed: int = 0, drafter=None) -> dict[str, Any]:
+    """Measure the held-out frames, set theta and the threshold, persist them; returns what was stored."""
+    from heisd.kinematics import calibrate_threshold
+    from heisd.retrieval.verify_skip import EXTRAS_KEY, calibrate_theta
+
+    m = _measure(vla, datastore, demos, n_frames, payload, k, seed, drafter)
+    theta = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision)
+    skipped = m["guard"] & (m["similarity"] >= theta)
+    n = vla.config.n_action_tokens
+    tpf_r = np.where(skipped, float(n), m["tpf_verified"])
+    tpf_d = m["tpf_drafter"]
+    has_f = np.isfinite(m["F"])
+    if not has_f.any():
+        raise ValueError("no held-out frame has the kinematic window; use longer episodes")
+    threshold = calibrate_threshold(m["F"][has_f], tpf_r[has_f], tpf_d[has_f])
+    use_r = m["F"][has_f] >= threshold
+    skip = {
+        "theta": theta, "calibrated_theta": theta, "precision_target": precision, "online_updates": 0,
+        "frames": int(m["guard"].sum()), "frames_total": len(tpf_r), "payload": payload, "k": k,
+        "skip_rate": float(skipped.mean()), "pass_rate": float(m["passes"].mean()),
+        "achieved_precision": float(m["passes"][skipped].mean()) if skipped.any() else float("nan"),
+        "similarity_median": float(np.median(m["similarity"])),
+    }
+    hybrid = {
+        "threshold": threshold, "frames": int(has_f.sum()), "drafter": "ar" if drafter is None else "drafter",
+        "retrieval_fraction": float(use_r.mean()),
+        "expected_tpf": float(np.where(use_r, tpf_r[has_f], tpf_d[has_f]).mean()),
+        "tpf_retrieval_mean": float(tpf_r[has_f].mean()), "tpf_drafter_mean": float(tpf_d[has_f].mean()),
+    }
+    frames = {key: np.round(values.astype(np.float64), 5).tolist() for key, values in
+              {**m, "tpf_retrieval": tpf_r}.items()}
+    frames["F"] = [None if not np.isfinite(f) else f for f in frames["F"]]  # JSON has no NaN
+    datastore.update_extras({EXTRAS_KEY: skip, HYBRID_KEY: hybrid, FRAMES_KEY: frames})
+    return {"verify_skip": skip, "hybrid": hybrid}
+
+
+def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: int,
+             drafter) -> dict[str, np.ndarray]:
+    import torch
+    from tqdm import tqdm
+
+    from heisd.data.dataset import DemoFile
+    from heisd.decoding import ActionVocab, DecodeConfig, SpeculativeDecoder, Verifier
+    from heisd.kinematics import KinematicConfig, KinematicStats, fused_metric
+    from heisd.retrieval.build import KINEMATIC_STATS_KEY, encode_frames
+    from heisd.retrieval.proposer import RetrievalConfig, RetrievalProposer
+    from heisd.retrieval.verify_skip import cosine, draft_passes
+
+    kin_config = KinematicConfig(**datastore.extras.get("kinematic_config", {}))
+    kin_stats = KinematicStats.from_dict(datastore.extras[KINEMATIC_STATS_KEY])
+    cfg = RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=k, payload=payload)
+    vocab = ActionVocab(vla.config.vocab_size, vla.config.n_bins)
+    rule = cfg.acceptance()
+    verifier, decode_cfg = Verifier(vla.llm), DecodeConfig(cfg.n_tokens, vocab.vocab_size, vocab.n_bins)
+
+    def drafter_proposer():
+        from heisd.drafter import DrafterProposer
+
+        return DrafterProposer(drafter) if drafter is not None else None
+
+    retrieval = SpeculativeDecoder(verifier, decode_cfg, RetrievalProposer(datastore, cfg, drafter_proposer(),
+                                                                           vocab=vocab), rule)
+    drafting = SpeculativeDecoder(verifier, decode_cfg, drafter_proposer(), rule)
+    lengths = []
+    for path in demos:  # pass 1: which frames exist (successful episodes only)
+        with DemoFile(path) as f:
+            lengths += [(path, ep.name, len(ep)) for ep in f if ep.success]
+    if not lengths:
+        raise ValueError(f"no successful held-out episodes in {[str(p) for p in demos]}")
+    all_frames = [(e, t) for e, (_, _, length) in enumerate(lengths) for t in range(length)]
+    rng = np.random.default_rng(seed)
+    picked = sorted(rng.choice(len(all_frames), min(n_frames, len(all_frames)), replace=False))
+    by_episode: dict[int, list[int]] = {}
+    for i in picked:
+        by_episode.setdefault(all_frames[i][0], []).append(all_frames[i][1])
+    rows: dict[str, list[float]] = {key: [] for key in ("similarity", "guard", "passes", "tpf_verified",
+                                                           "tpf_drafter", "F")}
+    w = kin_config.window
+    with tqdm(total=len(picked), unit="frame", desc="calibrate") as bar:
+        for e, steps in by_episode.items():
+            path, name, _ = lengths[e]
+            with DemoFile(path) as f:
+                ep = f.episode(name)
+            enc = encode_frames(vla, ep.images[steps], ep.instruction, ep.state[steps])
+            prompt = vla.encode_prompt(ep.instruction)
+            for i, t in enumerate(steps):
+                result = datastore.query(enc.keys[i], ep.task, k)
+                top = cfg.sequences(result)[0]
+                own = enc.own_tokens[i]
+                guard = bool(top[0] == own[0]) and all(vocab.is_action(int(x)) for x in top)
+                rows["similarity"].append(cosine(enc.hidden[i], result.hidden[0]))
+                rows["guard"].append(guard)
+                rows["passes"].append(guard and draft_passes(top, own, rule, vocab))
+                with torch.no_grad():
+                    embeds = vla.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), prompt,
+                                               torch.from_numpy(ep.state[t : t + 1]))
+                context = {"key": enc.keys[i], "task": ep.task}
+                rows["tpf_verified"].append(retrieval.decode(embeds, context).acceptance_length)
+                rows["tpf_drafter"].append(drafting.decode(embeds).acceptance_length if drafter else 1.0)
+                window = ep.ee_pos[t - w + 1 : t + 1] if t + 1 >= w else None
+                rows["F"].append(np.nan if window is None else fused_metric(window, kin_stats, kin_config))
+                bar.update(1)
+    return {key: np.asarray(values, dtype=bool if key in ("guard", "passes") else np.float64)
+            for key, values in rows.items()}

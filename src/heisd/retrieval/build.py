@@ -1,0 +1,143 @@
+"""Building the datastore from demonstrations with the target VLA (DESIGN 2.1).
+
+One entry per demonstration frame: key = the target's pooled vision feature; payload = the
+demonstrator's action tokens of this step and the next `n_sequences - 1` steps (frames),
+the target's own greedy tokens and its lm_head-input hidden state at the first action
+position (batched greedy decoding: exactly what the decode loop's prefill and AR steps
+compute), the end-effector position, episode / step / task. The manifest's extras carry the
+kinematic statistics F is normalized with and the action layout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from heisd.data.dataset import DemoFile, DemoFormatError
+from heisd.kinematics import KinematicConfig, KinematicStats
+from heisd.retrieval.datastore import Datastore, DatastoreWriter
+from heisd.retrieval.index import IndexConfig, IndexKind
+from heisd.vla import VLA
+from heisd.vla.frames import chunk_targets
+from heisd.vla.vision import resize_images
+
+KINEMATIC_STATS_KEY = "kinematic_stats"  # extras: KinematicStats.to_dict() over the demonstrations
+LAYOUT_KEY = "action_layout"  # extras: action_dim, chunk, vocab_size, n_bins of the target
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    batch_size: int = 64  # frames per target pass
+    n_sequences: int = 4  # demonstrator tokens of this step and the next 3 (paper)
+    index: IndexKind = "auto"  # FAISS index per collection: flat when small, HNSW when large
+
+
+@dataclass
+class EncodedFrames:
+    keys: np.ndarray  # float32 [B, Dk] pooled vision features (not normalized)
+    own_tokens: np.ndarray  # int64 [B, n] the target's greedy action tokens
+    hidden: np.ndarray  # float32 [B, Dh] lm_head input at the first action position
+
+
+@torch.no_grad()
+def encode_frames(vla: VLA, images: np.ndarray, instruction: str, states: np.ndarray) -> EncodedFrames:
+    """Run the target on B frames of one instruction: key, greedy tokens, prefill hidden state."""
+    images_t = resize_images(torch.from_numpy(np.ascontiguousarray(images)), vla.config.image_size)
+    b = len(images_t)
+    prompt = vla.encode_prompt(instruction).expand(b, -1)
+    embeds = vla.prefix_embeds(images_t, prompt, torch.from_numpy(np.asarray(states, dtype=np.float32)))
+    llm = vla.llm
+    cache = DynamicCache(config=llm.config)
+    out = llm.model(inputs_embeds=embeds, cache=cache, use_cache=True)
+    hidden = out.last_hidden_state[:, -1]
+    token = llm.lm_head(hidden).argmax(-1)
+    tokens = [token]
+    for _ in range(vla.config.n_action_tokens - 1):  # same prompt in the batch: no padding needed
+        out = llm.model(input_ids=token[:, None], cache=cache, use_cache=True)
+        token = llm.lm_head(out.last_hidden_state[:, -1]).argmax(-1)
+        tokens.append(token)
+    return EncodedFrames(keys=vla.pooled_vision_feature(images_t).numpy().astype(np.float32),
+                         own_tokens=torch.stack(tokens, 1).numpy(), hidden=hidden.numpy().astype(np.float32))
+
+
+@torch.no_grad()
+def key_dim(vla: VLA) -> int:
+    """Width of the retrieval key (asked of the model rather than re-derived from its pooling)."""
+    size = vla.config.image_size
+    return int(vla.pooled_vision_feature(torch.zeros(1, size, size, 3, dtype=torch.uint8)).shape[1])
+
+
+def demo_tokens(vla: VLA, actions: np.ndarray, n_sequences: int) -> np.ndarray:
+    """int64 [T, n_sequences, n]: row t holds the tokenized chunks of steps t..t+n_sequences-1,
+    each chunk = actions (s, s+1, ...) as the model predicts them; past the episode end the
+    last action repeats (the robot holds its last command)."""
+    t = len(actions)
+    ids = vla.action_tokenizer.encode(chunk_targets(actions, vla.config.chunk)).reshape(t, -1)
+    steps = np.minimum(np.arange(t)[:, None] + np.arange(n_sequences)[None, :], t - 1)
+    return ids[steps]
+
+
+def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
+                    config: BuildConfig | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Encode every frame of every successful episode and write the datastore; returns a summary.
+    Failed demonstrations are left out: their actions would be drafted as if they were right."""
+    config = config or BuildConfig()
+    vla.eval()
+    n_tokens, hidden_dim = vla.config.n_action_tokens, vla.config.hidden_size
+    writer = DatastoreWriter(key_dim=key_dim(vla), hidden_dim=hidden_dim, n_tokens=n_tokens,
+                             n_sequences=config.n_sequences, target_fingerprint=vla.fingerprint(),
+                             index_config=IndexConfig(kind=config.index))
+    trajectories, episodes, dropped, start = [], 0, 0, time.perf_counter()
+    total = 0
+    for path in demos:  # episode count up front, for the progress bar
+        with DemoFile(path) as f:
+            total += len(f)
+    with tqdm(total=total, unit="episode", desc="build-datastore") as bar:
+        for path in demos:
+            with DemoFile(path) as f:
+                for ep in f:
+                    bar.update(1)
+                    if not ep.success:
+                        dropped += 1
+                        continue
+                    demo = demo_tokens(vla, ep.actions, config.n_sequences)
+                    for lo in range(0, len(ep), config.batch_size):
+                        hi = min(lo + config.batch_size, len(ep))
+                        enc = encode_frames(vla, ep.images[lo:hi], ep.instruction, ep.state[lo:hi])
+                        writer.add(keys=enc.keys, tokens=demo[lo:hi], own_tokens=enc.own_tokens,
+                                   hidden=enc.hidden, ee_pos=ep.ee_pos[lo:hi], episode=episodes,
+                                   step=np.arange(lo, hi), task=ep.task)
+                    trajectories.append(ep.ee_pos)
+                    episodes += 1
+                    bar.set_postfix(frames=len(writer))
+    if not episodes:
+        raise DemoFormatError(f"no successful episodes in {[str(p) for p in demos]}")
+    seconds = time.perf_counter() - start
+    kinematic = KinematicConfig()
+    summary = {"demos": [str(p) for p in demos], "episodes": episodes, "dropped_failed": dropped,
+               "frames": len(writer), "seconds": round(seconds, 2),
+               "frames_per_s": round(len(writer) / seconds, 1), "threads": torch.get_num_threads(),
+               **asdict(config)}
+    extras = {
+        KINEMATIC_STATS_KEY: KinematicStats.fit(trajectories, kinematic).to_dict(),
+        "kinematic_config": asdict(kinematic),
+        LAYOUT_KEY: {"action_dim": vla.config.action_dim, "chunk": vla.config.chunk,
+                     "vocab_size": vla.config.vocab_size, "n_bins": vla.config.n_bins},
+        "build": summary,
+    }
+    writer.finalize(out_dir, extras=extras, overwrite=overwrite)
+    return summary
+
+
+def open_datastore(path: str | Path, vla: VLA, **kwargs: Any) -> Datastore:
+    """Load a datastore for `vla`; a datastore built for another target is refused (its
+    own tokens and hidden states would describe a different model)."""
+    return Datastore.load(path, expected_fingerprint=vla.fingerprint(),
+                          expected_key_dim=key_dim(vla), **kwargs)

@@ -1,0 +1,251 @@
+"""Retrieval-based drafts (DESIGN 2.2): Top-K demonstration entries -> a sequence-wise group tree.
+
+Per control step, the first `propose` call queries the datastore with the current image
+feature and hands back one tree whose nodes are whole action groups (xyz | g | xyz' | g').
+The loop verifies it once; every later call of the same step (after a rejected group)
+goes to the fallback proposer (the drafter; None = plain AR), as in HeiSD. A step is
+recognised by its KV cache: every `decode` call prefills a fresh one.
+
+Where drafts start. The prefill already emitted the target's free greedy first token
+(emitted[0], the first position of group 0), so drafts cover positions `state.position`..
+n-1: group 0 enters the tree cut to its remaining positions (y z), and the acceptance rule
+starts a fresh segment at the root's children, so the cut group is judged on y z alone.
+A retrieved sequence whose own tokens at the emitted positions disagree with them (beyond
+the acceptance rule's per-token bound) most likely continues another motion: such results
+are dropped when at least one consistent result exists, kept otherwise (their later groups
+may still be right, and the target's token is already emitted either way).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import torch
+
+from heisd.decoding import ActionVocab, DecodeState, DraftTree, GroupRelaxedAcceptance, Proposal, Proposer
+from heisd.retrieval.datastore import Datastore, RetrievalResult
+
+if TYPE_CHECKING:
+    from heisd.retrieval.verify_skip import VerifySkip
+
+Payload = Literal["own", "demo", "both"]
+
+
+def action_groups(action_dim: int, chunk: int) -> tuple[list[list[int]], list[int]]:
+    """(groups, exact gripper groups) for `chunk` actions of `action_dim` dims, gripper last:
+    the arm dims split into runs of 3 (xyz, then rx ry rz), the gripper alone.
+    mw (4, 2): [[0,1,2],[3],[4,5,6],[7]], exact [1, 3]; OpenVLA (7, 1): [[0,1,2],[3,4,5],[6]], [2]."""
+    groups: list[list[int]] = []
+    exact: list[int] = []
+    for c in range(chunk):
+        base = c * action_dim
+        groups += [list(range(base + i, min(base + i + 3, base + action_dim - 1)))
+                   for i in range(0, action_dim - 1, 3)]
+        exact.append(len(groups))
+        groups.append([base + action_dim - 1])
+    return groups, exact
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    k: int = 8  # Top-K entries retrieved per step (paper: unstated)
+    groups: tuple[tuple[int, ...], ...] = ((0, 1, 2), (3,), (4, 5, 6), (7,))  # mw: xyz | g | xyz' | g'
+    exact_groups: tuple[int, ...] = (1, 3)  # gripper groups: must match exactly, stay with their result
+    max_sum: int = 30  # group-relaxed bounds (paper, 256 bins); also judge first-token consistency
+    max_dev: int = 15
+    node_budget: int = 32  # draft tokens per tree (CPU: a 32-node tree costs ~1.15x an 8-token chain)
+    payload: Payload = "own"  # draft from the target's own greedy tokens, the demonstrator's, or both
+    rank_decay: float = 0.7  # weight of the r-th retrieved sequence is rank_decay**r (votes add up; untuned)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "groups", tuple(tuple(int(p) for p in g) for g in self.groups))
+        object.__setattr__(self, "exact_groups", tuple(int(g) for g in self.exact_groups))
+        self.acceptance()  # validates groups and bounds
+        if self.k < 1 or self.node_budget < 1:
+            raise ValueError(f"k and node_budget must be >= 1, got {self.k}, {self.node_budget}")
+        if self.payload not in ("own", "demo", "both"):
+            raise ValueError(f"payload must be own, demo or both, got {self.payload!r}")
+        if not 0.0 < self.rank_decay <= 1.0:
+            raise ValueError(f"rank_decay must be in (0, 1], got {self.rank_decay}")
+
+    @classmethod
+    def for_action(cls, action_dim: int, chunk: int, **kwargs) -> RetrievalConfig:
+        groups, exact = action_groups(action_dim, chunk)
+        return cls(groups=tuple(map(tuple, groups)), exact_groups=tuple(exact), **kwargs)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    def acceptance(self) -> GroupRelaxedAcceptance:
+        """The acceptance rule these drafts are meant for (one source of the group layout)."""
+        return GroupRelaxedAcceptance(self.groups, self.max_sum, self.max_dev, self.exact_groups)
+
+    def sequences(self, result: RetrievalResult) -> np.ndarray:
+        """Draft sequences [M, n] in preference order (`both`: own and demo of each rank interleaved)."""
+        if self.payload == "own":
+            return np.asarray(result.own_tokens)
+        if self.payload == "demo":
+            return np.asarray(result.tokens[:, 0])
+        return np.stack([result.own_tokens, result.tokens[:, 0]], axis=1).reshape(-1, self.n_tokens)
+
+
+def group_tree(sequences: np.ndarray, weights: np.ndarray, start: int, groups: Sequence[Sequence[int]],
+               exact_groups: Sequence[int], budget: int) -> DraftTree:
+    """Sequence-wise group tree over `sequences` [M, n] (best first) for positions start..n-1.
+
+    A node is one distinct value of one group (deduplicated: equal values vote with their
+    summed `weights`). Below any node, the next non-exact group may take its value from ANY
+    sequence (groups combine at boundaries); an exact (gripper) group only takes values of
+    the sequences that produced its parent group, so a gripper stays with its own result.
+    The best sequence's own path goes in first (whole groups, as far as the budget allows);
+    then nodes are added by estimated path probability (product of vote shares) while their
+    new tokens fit the budget. Groups sharing leading tokens share trie nodes.
+    """
+    segments = [(g, [p for p in group if p >= start]) for g, group in enumerate(groups)]
+    segments = [(g, pos) for g, pos in segments if pos]
+    exact = {level for level, (g, _) in enumerate(segments) if g in set(exact_groups)}
+    w = [float(x) for x in weights]
+    values = [[tuple(row) for row in np.asarray(sequences)[:, pos].tolist()] for _, pos in segments]
+
+    def options(level: int, allowed: Sequence[int]) -> list[tuple[tuple[int, ...], list[int], float]]:
+        """(distinct value, sequences holding it, vote share) among `allowed`, best-ranked first."""
+        members: dict[tuple[int, ...], list[int]] = {}
+        for j in allowed:
+            members.setdefault(values[level][j], []).append(j)
+        total = sum(w[j] for j in allowed)
+        return [(v, m, sum(w[j] for j in m) / total) for v, m in members.items()]
+
+    everyone = list(range(len(sequences)))
+    free = {level: options(level, everyone) for level in range(len(segments)) if level not in exact}
+    tokens: list[int] = []
+    parents: list[int] = []
+    trie: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    # (off the best path, -probability, insertion order, level, value, supporting sequences, trie node)
+    heap: list[tuple[bool, float, int, int, tuple[int, ...], list[int], int]] = []
+    order = itertools.count()  # ties: first pushed (better-ranked) first
+
+    def push_children(level: int, support: list[int], prob: float, node: int, on_best: bool) -> None:
+        if level == len(segments):
+            return
+        for value, members, share in options(level, support) if level in exact else free[level]:
+            heapq.heappush(heap, (not (on_best and members[0] == 0), -prob * share, next(order), level, value,
+                                  members, node))
+
+    push_children(0, everyone, 1.0, -1, True)
+    while heap and len(tokens) < budget:
+        off_best, neg_prob, _, level, value, members, node = heapq.heappop(heap)
+        if len(tokens) + _new_tokens(trie, node, value) > budget:
+            continue  # a shorter group (a gripper) may still fit
+        for tok in value:
+            if (node, tok) not in trie:
+                trie[(node, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+            node = trie[(node, tok)]
+        push_children(level + 1, members, -neg_prob, node, not off_best)
+    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+
+def _new_tokens(trie: dict[tuple[int, int], int], node: int, value: tuple[int, ...]) -> int:
+    """Tokens of `value` not yet in the trie below `node` (a shared prefix costs nothing)."""
+    for i, tok in enumerate(value):
+        if (node, tok) not in trie:
+            return len(value) - i
+        node = trie[(node, tok)]
+    return 0
+
+
+@dataclass
+class RetrievalStepStats:
+    """What retrieval did in one control step (read `RetrievalProposer.last_step`)."""
+
+    retrieval_ms: float = 0.0  # datastore query
+    tree_ms: float = 0.0  # candidate filtering + tree building (+ the verify-skip test)
+    top1_similarity: float = float("nan")  # key cosine similarity of the best entry
+    fell_back: bool = False  # the task had no collection: the global one was searched
+    collection: str = ""
+    n_results: int = 0
+    tree_nodes: int = 0  # draft tokens proposed (0: no retrieval proposal this step)
+    skipped: bool = False  # the draft was accepted with no verify pass
+    hidden_similarity: float | None = None  # verify-skip's cosine similarity (None: skip off)
+
+
+class RetrievalProposer(Proposer):
+    """Drafts from the datastore on the first call of each control step, then delegates.
+
+    Needs `state.context["key"]` (np.float32 [Dk], the pooled vision feature) and
+    `state.context["task"]` (str or None). A task without a collection of its own searches
+    the global collection (`last_step.fell_back`); an empty result proposes nothing beyond
+    what the fallback proposes. With `verify_skip`, a confident top-1 draft skips the verify.
+    """
+
+    def __init__(self, datastore: Datastore, config: RetrievalConfig, fallback: Proposer | None = None, *,
+                 vocab: ActionVocab, verify_skip: VerifySkip | None = None) -> None:
+        if config.n_tokens != datastore.manifest["n_tokens"]:
+            raise ValueError(f"groups cover {config.n_tokens} tokens, datastore entries hold "
+                             f"{datastore.manifest['n_tokens']}")
+        self.datastore, self.config, self.fallback = datastore, config, fallback
+        self.vocab, self.verify_skip = vocab, verify_skip
+        self.last_step: RetrievalStepStats | None = None  # the latest step that queried the datastore
+        self._step_cache: weakref.ref | None = None  # the KV cache identifies the control step
+        exact = {p for g in config.exact_groups for p in config.groups[g]}
+        self._bound = [0 if p in exact else config.max_dev for p in range(config.n_tokens)]  # per-token rule
+
+    def reset(self) -> None:
+        self.last_step, self._step_cache = None, None
+        if self.fallback is not None:
+            self.fallback.reset()
+
+    def propose(self, state: DecodeState) -> Proposal | None:
+        if self._step_cache is not None and self._step_cache() is state.cache:
+            return self.fallback.propose(state) if self.fallback is not None else None
+        self._step_cache = weakref.ref(state.cache)
+        if "key" not in state.context:
+            raise ValueError("RetrievalProposer needs state.context['key'] (the pooled vision feature)")
+        stats = self.last_step = RetrievalStepStats()
+        t0 = time.perf_counter()
+        result = self.datastore.query(state.context["key"], state.context.get("task"), self.config.k)
+        t1 = time.perf_counter()
+        stats.retrieval_ms = (t1 - t0) * 1e3
+        stats.fell_back, stats.collection, stats.n_results = result.fell_back, result.collection, len(result)
+        proposal = self._proposal(state, result, stats) if len(result) else None
+        stats.tree_ms = (time.perf_counter() - t1) * 1e3
+        if proposal is None:  # nothing retrieved: this step is the fallback's
+            return self.fallback.propose(state) if self.fallback is not None else None
+        stats.tree_nodes = len(proposal.tree)
+        return proposal
+
+    def _proposal(self, state: DecodeState, result: RetrievalResult, stats: RetrievalStepStats) -> Proposal | None:
+        stats.top1_similarity = float(result.similarities[0])
+        sequences = self.config.sequences(result)
+        if self.verify_skip is not None:
+            skip = self.verify_skip.proposal(state, result.hidden[0], sequences[0], self.vocab)
+            stats.hidden_similarity = self.verify_skip.last_similarity
+            if skip is not None:
+                stats.skipped = True
+                return skip
+        sequences = sequences[self._consistent(sequences, state.emitted)]
+        weights = self.config.rank_decay ** np.arange(len(sequences), dtype=np.float64)
+        tree = group_tree(sequences, weights, state.position, self.config.groups, self.config.exact_groups,
+                          self.config.node_budget)
+        return Proposal(tree) if len(tree) else None
+
+    def _consistent(self, sequences: np.ndarray, emitted: Sequence[int]) -> np.ndarray:
+        """Indices of the sequences that agree with the emitted tokens (all of them if none does)."""
+        ok = np.ones(len(sequences), dtype=bool)
+        for p, tok in enumerate(emitted):
+            if not self.vocab.is_action(tok):
+                ok &= sequences[:, p] == tok
+                continue
+            bins = self.vocab.vocab_size - 1 - sequences[:, p].astype(np.int64)
+            actions = (bins >= 0) & (bins < self.vocab.n_bins)
+            ok &= actions & (np.abs(bins - self.vocab.bin(tok)) <= self._bound[p])
+        return np.flatnonzero(ok) if ok.any() else np.arange(len(sequences))

@@ -1,0 +1,105 @@
+"""Adaptive verify-skip (DESIGN 2.3): accept a retrieved draft with no verify pass when the
+target's current lm_head-input feature is close to the one stored with the top-1 result.
+
+Skip when cosine(prefill hidden, stored hidden) >= theta AND the retrieved sequence agrees
+with the tokens already emitted (the prefill's free greedy first token: a skipped draft is
+checked on its first token at no cost). theta is calibrated offline (`calibrate_theta`) and
+adapted online after each episode; it lives in the datastore manifest under
+`extras["verify_skip"]["theta"]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from heisd.decoding import AcceptanceRule, ActionVocab, DecodeState, DraftTree, Proposal
+from heisd.retrieval.datastore import Datastore
+
+EXTRAS_KEY = "verify_skip"
+# Above every cosine similarity: a theta that never skips (precision target unattainable).
+NEVER_SKIP = float(np.nextafter(1.0, 2.0))
+
+
+def cosine(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
+    """Cosine similarity in float64, clipped to [-1, 1] (float32 rounding can exceed 1)."""
+    a = np.asarray(a.detach().cpu() if isinstance(a, torch.Tensor) else a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    denom = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(np.clip(a @ b / denom, -1.0, 1.0)) if denom > 0 else 0.0
+
+
+class VerifySkip:
+    def __init__(self, theta: float, eta: float = 0.01, theta_floor: float = 0.5, *,
+                 datastore: Datastore | None = None) -> None:
+        if not eta > 0 or not 0.0 <= theta_floor <= 1.0:
+            raise ValueError(f"need eta > 0 and theta_floor in [0, 1], got {eta}, {theta_floor}")
+        self.theta, self.eta, self.theta_floor = float(theta), float(eta), float(theta_floor)
+        self.datastore = datastore  # where update() persists theta; None keeps it in memory
+        self.last_similarity: float | None = None
+
+    @classmethod
+    def from_datastore(cls, datastore: Datastore, eta: float = 0.01, theta_floor: float = 0.5) -> VerifySkip:
+        """theta as calibrated / last adapted for this datastore; never skip when uncalibrated."""
+        theta = datastore.extras.get(EXTRAS_KEY, {}).get("theta", NEVER_SKIP)
+        return cls(theta, eta, theta_floor, datastore=datastore)
+
+    def proposal(self, state: DecodeState, stored_hidden: np.ndarray, sequence: Sequence[int],
+                 vocab: ActionVocab) -> Proposal | None:
+        """The rest of `sequence` as a skip-verify chain, or None when it must be verified."""
+        s = self.last_similarity = cosine(state.prefill_hidden, stored_hidden)
+        tokens = [int(t) for t in sequence]
+        rest = tokens[state.position :]
+        if s < self.theta or tokens[: state.position] != list(state.emitted) or not rest:
+            return None
+        if not all(vocab.is_action(t) for t in rest):  # a blind accept must be an action
+            return None
+        return Proposal(DraftTree.chain(rest), skip_verify=True)
+
+    def update(self, success: bool) -> float:
+        """After an episode: success -> theta - eta, failure -> theta + 2 eta, clipped to
+        [theta_floor, 1]; persisted to the datastore manifest when there is one."""
+        step = -self.eta if success else 2.0 * self.eta
+        self.theta = float(np.clip(self.theta + step, self.theta_floor, 1.0))
+        if self.datastore is not None:
+            record = self.datastore.extras.get(EXTRAS_KEY, {})
+            updates = int(record.get("online_updates", 0)) + 1
+            self.datastore.update_extras({EXTRAS_KEY: {**record, "theta": self.theta, "online_updates": updates}})
+        return self.theta
+
+
+def calibrate_theta(similarities: np.ndarray, passes: np.ndarray, precision: float = 0.95) -> float:
+    """Smallest theta whose skipped drafts (similarity >= theta) pass with precision >= `precision`.
+
+    `similarities[i]`: cosine similarity on held-out frame i where the free first-token guard
+    holds (other frames never skip, whatever theta); `passes[i]`: the retrieved draft passes
+    the group-relaxed check against the target's greedy tokens. Candidates are the observed
+    similarities. Returns `NEVER_SKIP` (> 1) when no theta reaches the precision.
+    """
+    s = np.asarray(similarities, dtype=np.float64).ravel()
+    ok = np.asarray(passes, dtype=bool).ravel()
+    if len(s) != len(ok):
+        raise ValueError(f"{len(s)} similarities but {len(ok)} pass flags")
+    if not 0.0 < precision <= 1.0:
+        raise ValueError(f"precision must be in (0, 1], got {precision}")
+    if len(s) == 0:
+        return NEVER_SKIP
+    order = np.argsort(-s, kind="stable")
+    s, ok = s[order], ok[order]
+    passed, skipped = np.cumsum(ok), np.arange(1, len(s) + 1)
+    whole_ties = np.r_[s[1:] != s[:-1], True]  # theta = s[i] skips every frame tied with s[i]
+    good = whole_ties & (passed >= precision * skipped - 1e-9)
+    return float(s[np.flatnonzero(good).max()]) if good.any() else NEVER_SKIP
+
+
+def draft_passes(draft: Sequence[int], greedy: Sequence[int], rule: AcceptanceRule, vocab: ActionVocab) -> bool:
+    """Would `rule` accept the whole `draft` against the target's greedy tokens `greedy`
+    (both a full action, position 0 included)? The offline check a skipped draft must pass."""
+    draft, greedy = [int(t) for t in draft], [int(t) for t in greedy]
+    if len(draft) != len(greedy):
+        raise ValueError(f"draft has {len(draft)} tokens, greedy {len(greedy)}")
+    # target_next[0] is what the target predicts after the root (position 0), [i+1] after node i.
+    target_next = torch.tensor(greedy + greedy[-1:], dtype=torch.long)
+    return len(rule.select(DraftTree.chain(draft), target_next, 0, vocab).nodes) == len(draft)

@@ -1,0 +1,179 @@
+"""build-datastore and calibrate on a tiny random VLA and a synthetic demonstration file.
+
+The helpers here (tiny_vla, write_demos, the `built` fixture) are shared by the other
+test_retrieval_* modules.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import faiss
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from heisd.cli import main
+from heisd.data.dataset import DemoFile
+from heisd.decoding import DecodeConfig, SpeculativeDecoder, Verifier
+from heisd.kinematics import KinematicConfig, KinematicStats
+from heisd.retrieval import DatastoreError
+from heisd.retrieval.build import KINEMATIC_STATS_KEY, demo_tokens, encode_frames, open_datastore
+from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
+from heisd.vla.frames import chunk_targets
+
+torch.set_num_threads(1)
+faiss.omp_set_num_threads(1)
+
+INSTRUCTIONS = {"reach": "reach the goal", "push": "push the puck to the goal"}
+TINY = {"hidden_size": 32, "n_layers": 1, "n_heads": 4, "intermediate_size": 64, "image_size": 16,
+        "vision_channels": (8, 16), "max_positions": 64}
+EPISODES, STEPS = 4, 18  # 18 >= the kinematic window (15)
+
+
+def tiny_vla(seed: int = 0) -> VLA:
+    """Random tiny VLA whose greedy tokens are always action tokens, with wide logit margins
+    (so batched and single-row greedy decoding agree)."""
+    torch.manual_seed(seed)
+    text = TextTokenizer.train(list(INSTRUCTIONS.values()))
+    norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(4), state_std=np.ones(4))
+    vla = VLA(VLAConfig(text_vocab_size=text.vocab_size, **TINY), norm, text).eval()
+    with torch.no_grad():
+        w = vla.llm.lm_head.weight
+        w.normal_(0.0, 3.0)
+        w[: vla.config.vocab_size - vla.config.n_bins] = 0.0  # text ids and pad rows never win
+        w[vla.config.vocab_size :] = 0.0
+    return vla
+
+
+def write_demos(path: Path, episodes: int = EPISODES, steps: int = STEPS, seed: int = 0,
+                tasks: tuple[str, ...] = ("reach", "push"), failed: tuple[int, ...] = ()) -> None:
+    """A bright square moving across the frame (every frame distinct); actions follow it."""
+    rng = np.random.default_rng(seed)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["benchmark"] = "mw"
+        for i in range(episodes):
+            task = tasks[i % len(tasks)]
+            images = rng.integers(0, 40, size=(steps, 32, 32, 3), dtype=np.uint8)
+            row = int(rng.integers(0, 20))
+            for t in range(steps):
+                images[t, row : row + 6, t : t + 6] = 255
+            actions = rng.uniform(-1, 1, size=(steps, 4)).astype(np.float32)
+            actions[:, 3] = np.where(np.arange(steps) < steps // 2, -1.0, 1.0)
+            ee = np.cumsum(rng.normal(0, 0.01, size=(steps, 3)), axis=0).astype(np.float32)
+            g = data.create_group(f"demo_{i}")
+            g.attrs.update({"task": task, "instruction": INSTRUCTIONS[task], "success": i not in failed})
+            g.create_dataset("actions", data=actions)
+            g.create_dataset("obs/agentview_rgb", data=images)
+            g.create_dataset("obs/ee_pos", data=ee)
+            g.create_dataset("obs/gripper_states", data=rng.uniform(size=(steps, 1)).astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict:
+    """A tiny target checkpoint, a demo file and the datastore built from it with the CLI."""
+    root = tmp_path_factory.mktemp("retrieval")
+    vla = tiny_vla()
+    vla.save_pretrained(root / "target")
+    write_demos(root / "demos.hdf5", failed=(3,))
+    rc = main(["build-datastore", "--target", str(root / "target"), "--demos", str(root / "demos.hdf5"),
+               "--out", str(root / "store"), "--batch-size", "7", "--threads", "1"])
+    assert rc == 0
+    return {"root": root, "vla": VLA.from_pretrained(root / "target"), "store": root / "store",
+            "demos": root / "demos.hdf5"}
+
+
+def test_build_round_trip(built) -> None:
+    vla, store = built["vla"], open_datastore(built["store"], built["vla"])
+    # episode 3 failed: 3 episodes kept, batches of 7 over 18 steps
+    assert len(store) == 3 * STEPS and store.tasks == ("reach", "push")
+    assert store.extras["build"]["dropped_failed"] == 1
+    with DemoFile(built["demos"]) as f:
+        episodes = [ep for ep in f if ep.success]
+    for e, ep in enumerate(episodes):
+        rows = np.flatnonzero(store.episode == e)
+        assert store.step[rows].tolist() == list(range(STEPS))
+        np.testing.assert_allclose(store.ee_pos[rows], ep.ee_pos)
+        # demonstrator tokens: step t holds the chunks of steps t..t+3, last action repeated
+        ids = vla.action_tokenizer.encode(chunk_targets(ep.actions, 2)).reshape(STEPS, 8)
+        assert (store.tokens[rows][:, 0] == ids).all() and (store.tokens[rows][-1, 3] == ids[-1]).all()
+        assert (store.tokens[rows][5, 2] == ids[7]).all()
+        enc = encode_frames(vla, ep.images, ep.instruction, ep.state)
+        for t in (0, 9, STEPS - 1):  # the query of a stored frame's key returns that frame
+            result = store.query(enc.keys[t], ep.task, k=3)
+            assert result.indices[0] == rows[t] and result.similarities[0] > 0.9999
+            assert not result.fell_back
+    assert np.array_equal(demo_tokens(vla, episodes[0].actions, 4), store.tokens[store.episode == 0])
+
+
+def test_stored_tokens_and_hidden_match_the_decode_loop(built) -> None:
+    vla, store = built["vla"], open_datastore(built["store"], built["vla"])
+    with DemoFile(built["demos"]) as f:
+        ep = f.episode("demo_1")
+    decoder = SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(8, vla.config.vocab_size))
+    rows = np.flatnonzero(store.episode == 1)
+    for t in (0, 11):
+        with torch.no_grad():
+            embeds = vla.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), vla.encode_prompt(ep.instruction),
+                                       torch.from_numpy(ep.state[t : t + 1]))
+            prefill = decoder.verifier.prefill(embeds)
+        assert decoder.decode(embeds).tokens == store.own_tokens[rows[t]].tolist()
+        np.testing.assert_allclose(prefill.hidden.numpy(), store.hidden[rows[t]], atol=1e-5)
+
+
+def test_kinematic_stats_and_layout_in_extras(built) -> None:
+    store = open_datastore(built["store"], built["vla"])
+    with DemoFile(built["demos"]) as f:
+        trajectories = [ep.ee_pos for ep in f if ep.success]
+    expected = KinematicStats.fit(trajectories, KinematicConfig())
+    assert KinematicStats.from_dict(store.extras[KINEMATIC_STATS_KEY]) == expected
+    assert store.extras["action_layout"] == {"action_dim": 4, "chunk": 2, "n_bins": 256,
+                                             "vocab_size": built["vla"].config.vocab_size}
+
+
+def test_fingerprint_mismatch_is_refused(built, tmp_path) -> None:
+    other = tiny_vla(seed=1)
+    with pytest.raises(DatastoreError, match="built for target"):
+        open_datastore(built["store"], other)
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(DatastoreError, match="built for target"):
+        main(["calibrate", "--target", str(tmp_path / "other"), "--datastore", str(built["store"]),
+              "--demos", str(built["demos"]), "--threads", "1"])
+
+
+def test_calibrate_stores_theta_and_threshold(built, tmp_path, capsys) -> None:
+    heldout = tmp_path / "heldout.hdf5"
+    write_demos(heldout, episodes=2, seed=5)
+    copy = tmp_path / "store"
+    shutil.copytree(built["store"], copy)
+    rc = main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
+               "--demos", str(heldout), "--frames", "12", "--threads", "1"])
+    assert rc == 0 and "verify-skip theta" in capsys.readouterr().out
+    extras = json.loads((copy / "manifest.json").read_text())["extras"]
+    skip, hybrid, frames = extras["verify_skip"], extras["hybrid"], extras["calibration_frames"]
+    assert skip["frames_total"] == 12 and len(frames["similarity"]) == 12
+    assert skip["theta"] > 0.0 and 0.0 <= skip["skip_rate"] <= 1.0
+    assert all(1.0 <= tpf <= 8.0 for tpf in frames["tpf_retrieval"])
+    # random target + unrelated held-out frames: AR drafter never beats retrieval's >= 1 token/forward
+    assert hybrid["drafter"] == "ar" and hybrid["retrieval_fraction"] == 1.0
+    assert sum(f is not None for f in frames["F"]) == hybrid["frames"] > 0
+
+
+def test_calibrate_with_a_drafter(built, tmp_path) -> None:
+    drafter_module = pytest.importorskip("heisd.drafter")
+    target = drafter_module.DrafterTarget.from_vla(built["vla"])
+    torch.manual_seed(0)
+    drafter = drafter_module.Drafter(drafter_module.DrafterConfig.for_target(target, intermediate_size=32), target)
+    drafter.save_pretrained(tmp_path / "drafter")
+    copy = tmp_path / "store"
+    shutil.copytree(built["store"], copy)
+    rc = main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
+               "--demos", str(built["demos"]), "--frames", "6", "--threads", "1",
+               "--drafter", str(tmp_path / "drafter")])
+    extras = json.loads((copy / "manifest.json").read_text())["extras"]
+    assert rc == 0 and extras["hybrid"]["drafter"] == "drafter"
+    assert all(1.0 <= tpf <= 8.0 for tpf in extras["calibration_frames"]["tpf_drafter"])
