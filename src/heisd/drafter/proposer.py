@@ -1,0 +1,120 @@
+"""Drafter-based proposals (SpecVLA baseline): an EAGLE-2-style dynamic draft tree.
+
+The drafter's context is the action part only: pairs (prefill_hidden, emitted[0]),
+(hidden that predicted emitted[1], emitted[1]), ... It is recomputed each call (at most
+n_tokens positions, no cache kept between calls); the tree is then grown with ONE drafter
+pass per depth over the frontier, on a per-call KV cache and a tree mask.
+
+Dynamic selection (EAGLE-2): each of the ``topk`` best frontier nodes gets its ``topk``
+best action tokens as children; the ``topk`` best children by cumulative drafter
+log-probability form the next frontier; finally the ``budget`` best nodes of all
+expanded candidates make the tree. A child never outscores its parent (log-probs are
+<= 0), so the best-first set is closed under ancestors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from heisd.decoding import DecodeState, DraftTree, Proposal, Proposer
+from heisd.drafter.model import Drafter, additive_mask
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    topk: int = 4  # children per expanded node, and frontier width
+    depth: int = 4  # draft tokens along the deepest path
+    budget: int = 16  # nodes in the final tree
+
+    def __post_init__(self) -> None:
+        for name in ("topk", "depth", "budget"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TreeConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+class DrafterProposer(Proposer):
+    def __init__(self, drafter: Drafter, tree: TreeConfig | None = None):
+        self.drafter = drafter.eval()
+        self.tree = tree or TreeConfig()
+        if self.tree.topk > drafter.config.n_bins:
+            raise ValueError(f"topk {self.tree.topk} exceeds the {drafter.config.n_bins} action tokens")
+        self._prefill: torch.Tensor | None = None  # prefill_hidden of the action being decoded
+        self._features: dict[int, torch.Tensor] = {}  # action position -> target feature that predicted it
+
+    def reset(self) -> None:
+        self._prefill, self._features = None, {}
+
+    def _context(self, state: DecodeState) -> torch.Tensor | None:
+        """[k, d] target features of the k emitted tokens, or None where some are unknown.
+
+        ``state.hidden`` holds only the latest pass, so features are remembered across the
+        calls of one action. After a verify-skip the target has not seen the skipped tokens:
+        their features do not exist yet and no draft is made (the loop takes an AR step).
+        """
+        if state.prefill_hidden is not self._prefill:  # a new action
+            self._prefill, self._features = state.prefill_hidden, {0: state.prefill_hidden}
+        k, m = len(state.emitted), len(state.hidden)
+        for j in range(m):
+            self._features[k - m + j] = state.hidden[j]
+        if any(i not in self._features for i in range(k)):
+            return None
+        return torch.stack([self._features[i] for i in range(k)])
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Proposal | None:
+        context = self._context(state)
+        k = len(state.emitted)
+        depth = min(self.tree.depth, state.n_tokens - k)
+        if context is None or depth < 1:
+            return None
+        d, topk = self.drafter, self.tree.topk
+        device = d.fc.weight.device
+        cache = DynamicCache()
+        causal = additive_mask(torch.ones(k, k, dtype=torch.bool).tril()).to(device)
+        out = d(context.to(device)[None], torch.tensor([state.emitted], device=device),
+                torch.arange(k, device=device)[None], causal, cache)
+        logp = d.action_logits(out[0, -1:]).log_softmax(-1)[0]
+        score, index = logp.topk(topk)
+        # every candidate: bin index, parent candidate (-1 = root), score; frontier rows feed the drafter
+        bins, parents, scores = index.tolist(), [-1] * topk, score.tolist()
+        frontier, frontier_score = list(range(topk)), score
+        inputs = out[0, -1:].expand(topk, -1)  # feature that predicted each frontier token
+        ancestors: dict[int, list[int]] = {-1: []}  # candidate -> cache slots of its fed ancestors-or-self
+        for level in range(1, depth):
+            past, q = cache.get_seq_length(), len(frontier)
+            for row, c in enumerate(frontier):
+                ancestors[c] = ancestors[parents[c]] + [past + row]
+            allowed = torch.zeros(q, past + q, dtype=torch.bool)
+            allowed[:, :k] = True
+            allowed[[row for row, c in enumerate(frontier) for _ in ancestors[c]],
+                    [slot for c in frontier for slot in ancestors[c]]] = True
+            tokens = torch.tensor([[bins[c] + d.first_action_id for c in frontier]], device=device)
+            positions = torch.full_like(tokens, k - 1 + level)
+            out = d(inputs[None], tokens, positions, additive_mask(allowed).to(device), cache)[0]
+            cum = frontier_score[:, None] + d.action_logits(out).log_softmax(-1)
+            child_score, child_bin = cum.topk(topk, dim=-1)  # [frontier, topk]
+            first = len(bins)
+            bins += child_bin.flatten().tolist()
+            scores += child_score.flatten().tolist()
+            parents += [c for c in frontier for _ in range(topk)]
+            frontier_score, best = child_score.flatten().topk(topk)
+            frontier = (first + best).tolist()
+            inputs = out[best // topk]
+        return Proposal(self._select(bins, parents, scores, d.first_action_id))
+
+    def _select(self, bins: list[int], parents: list[int], scores: list[float], first_id: int) -> DraftTree:
+        # Best-first with ties broken toward shallower, earlier candidates, so a parent always
+        # precedes its children; candidate order is topological, so sorting the kept ones keeps it so.
+        depth = [0] * len(bins)
+        for i, p in enumerate(parents):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        order = sorted(range(len(bins)), key=lambda i: (-scores[i], depth[i], i))
+        kept = sorted(order[: self.tree.budget])
+        new_index = {old: new for new, old in enumerate(kept)}
+        return DraftTree(
+            torch.tensor([bins[i] + first_id for i in kept], dtype=torch.long),
+            torch.tensor([new_index[parents[i]] if parents[i] >= 0 else -1 for i in kept], dtype=torch.long),
+        )

@@ -1,0 +1,245 @@
+"""Training the drafter on the target's own greedy outputs (EAGLE recipe).
+
+Data: the target runs over demonstration frames (prefill + greedy AR over the action
+tokens) and keeps its greedy tokens and the lm_head inputs that predicted them. The
+drafter learns, from pair i = (feature_i, token_i), the next feature (smooth-L1) and the
+target's next greedy token through the frozen lm_head (cross-entropy). Generated features
+are cached in the output directory, keyed by target fingerprint and data selection.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch.nn import functional as F
+from tqdm import tqdm
+from transformers import DynamicCache, PreTrainedModel
+
+from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
+from heisd.vla import VLA
+from heisd.vla.frames import Frames, build_frames, read_episodes
+
+FEATURES_FILE = "features.safetensors"
+LOG_FILE = "train_log.jsonl"
+INFO_FILE = "train_info.json"
+
+
+@dataclass(frozen=True)
+class DrafterTrainConfig:
+    steps: int = 3000  # optimizer steps
+    batch_size: int = 128  # frames per step; each gives n_action_tokens - 1 predictions
+    lr: float = 1e-3  # peak AdamW learning rate (linear warmup, then cosine decay to 5%)
+    warmup_steps: int = 100  # linear warmup steps
+    grad_clip: float = 0.5  # global gradient-norm clip
+    feature_weight: float = 1.0  # smooth-L1 on the next feature (EAGLE's v_w)
+    token_weight: float = 0.1  # cross-entropy of the target's greedy next token (EAGLE's p_w)
+    seed: int = 0  # episode split, frame subset, init, batches
+    val_fraction: float = 0.05  # episodes held out for the reported accuracy
+    max_frames: int | None = None  # random subset of training frames: bounds generation time
+    max_val_frames: int = 2048  # held-out frames (evenly spaced subset)
+    rollout_batch_size: int = 64  # frames per target pass while generating features
+    eval_every: int = 500  # steps between held-out evaluations (train_log.jsonl)
+
+
+@dataclass
+class Features:
+    hidden: torch.Tensor  # [N, n, d] target lm_head inputs that predicted each greedy action token
+    tokens: torch.Tensor  # [N, n] the target's greedy action tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class _Subset:
+    """Some frames of a ``Frames``, batched the same way."""
+
+    frames: Frames
+    idx: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.frames.batch(self.idx[idx])
+
+
+@torch.no_grad()
+def rollout(llm: PreTrainedModel, prefix_embeds: torch.Tensor, prefix_mask: torch.Tensor, n_tokens: int) -> Features:
+    """Batched greedy decoding after LEFT-padded prefixes [B, P, d] (mask [B, P], 1 = real)."""
+    decoder, lm_head = llm.get_decoder(), llm.get_output_embeddings()
+    mask = prefix_mask.long()
+    positions = (mask.cumsum(1) - 1).clamp(min=0)  # pads do not shift the positions of real tokens
+    cache = DynamicCache(config=llm.config)
+    out = decoder(inputs_embeds=prefix_embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    hidden = [out.last_hidden_state[:, -1]]
+    tokens = [lm_head(hidden[-1]).argmax(-1)]
+    for _ in range(n_tokens - 1):
+        mask = torch.cat([mask, mask.new_ones(len(mask), 1)], 1)
+        positions = positions[:, -1:] + 1
+        out = decoder(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=positions,
+                      cache=cache, use_cache=True)
+        hidden.append(out.last_hidden_state[:, -1])
+        tokens.append(lm_head(hidden[-1]).argmax(-1))
+    return Features(torch.stack(hidden, 1), torch.stack(tokens, 1))
+
+
+def vla_features(vla: VLA, frames: Frames | _Subset, batch_size: int, desc: str) -> Features:
+    parts = []
+    for idx in tqdm(torch.arange(len(frames)).split(batch_size), desc=desc, dynamic_ncols=True):
+        b = frames.batch(idx)
+        with torch.no_grad():
+            embeds = vla.prefix_embeds(b["images"], b["prompt_ids"], b["state"])
+        n_fixed = embeds.shape[1] - b["prompt_ids"].shape[1]  # image + state tokens, never padded
+        mask = torch.cat([b["prompt_mask"].new_ones(len(idx), n_fixed), b["prompt_mask"]], 1)
+        parts.append(rollout(vla.llm, embeds, mask, vla.config.n_action_tokens))
+    return Features(torch.cat([p.hidden for p in parts]), torch.cat([p.tokens for p in parts]))
+
+
+def drafter_outputs(drafter: Drafter, feats: Features) -> torch.Tensor:
+    """Teacher-forced drafter outputs [B, n-1, d] for pairs 0..n-2 (pair i predicts feature i+1)."""
+    b, n = feats.tokens.shape
+    positions = torch.arange(n - 1).expand(b, -1)
+    causal = additive_mask(torch.ones(n - 1, n - 1, dtype=torch.bool).tril())
+    return drafter(feats.hidden[:, :-1], feats.tokens[:, :-1], positions, causal)
+
+
+def drafter_loss(drafter: Drafter, feats: Features, cfg: DrafterTrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    out = drafter_outputs(drafter, feats)
+    feature_loss = F.smooth_l1_loss(out, feats.hidden[:, 1:])
+    token_loss = F.cross_entropy(drafter.logits(out).flatten(0, 1), feats.tokens[:, 1:].flatten())
+    loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss
+    return loss, {"loss": loss.item(), "feature_loss": feature_loss.item(), "token_loss": token_loss.item()}
+
+
+@torch.no_grad()
+def top1_accuracy(drafter: Drafter, feats: Features, batch_size: int = 512) -> tuple[float, list[float]]:
+    """How often the drafter's best action token equals the target's greedy token (overall, per position 1..n-1)."""
+    hits = []
+    for idx in torch.arange(len(feats)).split(batch_size):
+        part = Features(feats.hidden[idx], feats.tokens[idx])
+        best = drafter.action_logits(drafter_outputs(drafter, part)).argmax(-1) + drafter.first_action_id
+        hits.append(best == part.tokens[:, 1:])
+    ok = torch.cat(hits).float()
+    return ok.mean().item(), [round(v, 4) for v in ok.mean(0).tolist()]
+
+
+def fit(drafter: Drafter, train: Features, cfg: DrafterTrainConfig, val: Features | None = None,
+        log_path: Path | None = None) -> dict[str, float]:
+    """Optimize the drafter in place; returns the last training metrics (averaged since the last eval)."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def schedule(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    drafter.train()
+    sums: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+    bar = tqdm(range(1, cfg.steps + 1), desc="train-drafter", dynamic_ncols=True)
+    for step in bar:
+        idx = torch.randint(len(train), (min(cfg.batch_size, len(train)),), generator=gen)
+        loss, parts = drafter_loss(drafter, Features(train.hidden[idx], train.tokens[idx]), cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        sums = {k: sums.get(k, 0.0) + v for k, v in parts.items()}
+        bar.set_postfix(loss=f"{parts['loss']:.4f}")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            n = (step - 1) % cfg.eval_every + 1
+            metrics = {"step": step, **{f"train_{k}": v / n for k, v in sums.items()}}
+            if val is not None:
+                drafter.eval()
+                metrics["val_top1"], metrics["val_top1_by_position"] = top1_accuracy(drafter, val)
+                drafter.train()
+            if log_path is not None:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(metrics) + "\n")
+            bar.write(" ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
+            sums = {}
+    drafter.eval()
+    return metrics
+
+
+def _split_frames(records: list, vla: VLA, cfg: DrafterTrainConfig) -> tuple[Frames, torch.Tensor, Frames, torch.Tensor]:
+    """Held-out whole episodes (unseen trajectories), then frame subsets of both sides."""
+    if len(records) < 2:
+        raise ValueError("need at least 2 successful episodes: one is held out for the accuracy")
+    perm = torch.randperm(len(records), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    n_val = min(len(records) - 1, max(1, round(cfg.val_fraction * len(records))))
+    side = [build_frames([records[i] for i in sorted(ids)], vla.text_tokenizer, vla.action_tokenizer,
+                         vla.config.chunk) for ids in (perm[n_val:], perm[:n_val])]
+    train, val = side
+    n_train = len(train) if cfg.max_frames is None else min(cfg.max_frames, len(train))
+    train_idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed))[:n_train].sort().values
+    val_idx = torch.linspace(0, len(val) - 1, min(cfg.max_val_frames, len(val))).round().long().unique()
+    return train, train_idx, val, val_idx
+
+
+def _features(vla: VLA, fingerprint: str, demos: Sequence[Path], out: Path,
+              cfg: DrafterTrainConfig) -> tuple[Features, Features, dict]:
+    """Generated target features, from the cache in ``out`` when it was made the same way."""
+    key = json.dumps({"target": fingerprint, "seed": cfg.seed, "val_fraction": cfg.val_fraction,
+                      "max_frames": cfg.max_frames, "max_val_frames": cfg.max_val_frames,
+                      "demos": [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in demos]})
+    path = out / FEATURES_FILE
+    if path.is_file():
+        with safe_open(str(path), "pt") as f:
+            same = (f.metadata() or {}).get("key") == key
+        if same:
+            t = load_file(str(path))
+            print(f"using cached target features {path}")
+            return (Features(t["train_hidden"].float(), t["train_tokens"]),
+                    Features(t["val_hidden"].float(), t["val_tokens"]), {"features_cached": True})
+        print(f"{path} was made from other data or another target: regenerating")
+    start = time.perf_counter()
+    records, _ = read_episodes(list(demos), vla.config.image_size)
+    train_frames, train_idx, val_frames, val_idx = _split_frames(records, vla, cfg)
+    del records
+    train = vla_features(vla, _Subset(train_frames, train_idx), cfg.rollout_batch_size, "target rollout (train)")
+    val = vla_features(vla, _Subset(val_frames, val_idx), cfg.rollout_batch_size, "target rollout (held out)")
+    tensors = {"train_hidden": train.hidden.half(), "train_tokens": train.tokens,  # fp16: half the disk
+               "val_hidden": val.hidden.half(), "val_tokens": val.tokens}
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"key": key})
+    os.replace(tmp, path)
+    return train, val, {"features_cached": False, "generation_time_s": round(time.perf_counter() - start, 1)}
+
+
+def train_drafter(target_dir: Path, demos: Sequence[Path], out: Path, cfg: DrafterTrainConfig) -> dict:
+    """Generate (or reuse) target features, train a drafter, save it to ``out``; returns train_info."""
+    wall0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    vla = VLA.from_pretrained(target_dir).eval()
+    target = DrafterTarget.from_vla(vla)
+    train, val, gen_info = _features(vla, target.fingerprint, [Path(p) for p in demos], out, cfg)
+    torch.manual_seed(cfg.seed)
+    drafter = Drafter(DrafterConfig.for_target(target, max_positions=vla.config.n_action_tokens), target)
+    (out / LOG_FILE).unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    metrics = fit(drafter, train, cfg, val, out / LOG_FILE)
+    drafter.save_pretrained(out)
+    info = {"command": " ".join(sys.argv), "seed": cfg.seed, "target": str(target_dir),
+            "target_fingerprint": target.fingerprint, "demos": [str(p) for p in demos],
+            "train_frames": len(train), "val_frames": len(val), "val_top1": metrics["val_top1"], **gen_info,
+            "threads": torch.get_num_threads(), "drafter_params": sum(p.numel() for p in drafter.parameters()),
+            "train_time_s": round(time.perf_counter() - t0, 1), "wall_time_s": round(time.perf_counter() - wall0, 1),
+            "train_config": asdict(cfg), "drafter_config": asdict(drafter.config), "final": metrics}
+    (out / INFO_FILE).write_text(json.dumps(info, indent=2))
+    return info

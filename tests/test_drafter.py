@@ -1,0 +1,247 @@
+"""The EAGLE-style drafter: persistence and target binding, tree proposals, losslessness, training."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from heisd.decoding import (
+    DecodeConfig,
+    DecodeState,
+    ExactAcceptance,
+    SpeculativeDecoder,
+    TokenRelaxedAcceptance,
+    Verifier,
+)
+from heisd.drafter import Drafter, DrafterConfig, DrafterError, DrafterProposer, DrafterTarget, TreeConfig
+from heisd.drafter.model import additive_mask
+from heisd.drafter.train import DrafterTrainConfig, Features, drafter_loss, fit, rollout, vla_features
+from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
+from heisd.vla.frames import build_frames, read_episodes
+
+torch.set_num_threads(1)
+
+VOCAB, PADDED, HIDDEN, N = 300, 320, 32, 8  # action ids 44..299; 300..319 are pad rows
+INSTRUCTIONS = ["move left", "push the red button to the right"]  # prompts of different lengths
+
+
+@functools.cache
+def tiny_llm(seed: int = 0, hidden: int = HIDDEN) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=PADDED, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)).eval()
+    with torch.no_grad():  # greedy tokens are action ids, like a trained VLA's
+        model.lm_head.weight[: VOCAB - 256] = 0.0
+        model.lm_head.weight[VOCAB:] = 0.0
+    return model
+
+
+def random_drafter(seed: int = 0, **target_kwargs) -> Drafter:
+    target = DrafterTarget(tiny_llm(), VOCAB, **target_kwargs)
+    torch.manual_seed(seed)
+    return Drafter(DrafterConfig.for_target(target), target)
+
+
+def prefix(seed: int, length: int = 4) -> torch.Tensor:
+    return torch.randn(1, length, HIDDEN, generator=torch.Generator().manual_seed(1000 + seed))
+
+
+def drafter_inputs(b: int = 3, t: int = 5) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(7)
+    feats = torch.randn(b, t, HIDDEN, generator=g)
+    tokens = torch.randint(VOCAB - 256, VOCAB, (b, t), generator=g)
+    mask = additive_mask(torch.ones(t, t, dtype=torch.bool).tril())
+    return feats, tokens, torch.arange(t).expand(b, -1), mask
+
+
+# ----- persistence and binding -----
+def test_save_load_round_trip(tmp_path):
+    drafter = random_drafter()
+    drafter.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["hidden_size"], config["vocab_size"], config["padded_vocab_size"]) == (HIDDEN, VOCAB, PADDED)
+    assert not any("embed" in k or "lm_head" in k for k in drafter.state_dict())  # the target's, not saved
+    loaded = Drafter.from_pretrained(tmp_path, drafter.target)
+    with torch.no_grad():
+        assert torch.equal(drafter(*drafter_inputs()), loaded(*drafter_inputs()))
+
+
+def test_loading_refuses_other_targets_and_broken_files(tmp_path):
+    random_drafter().save_pretrained(tmp_path / "ok")
+    good = DrafterTarget(tiny_llm(), VOCAB)
+    cases = [
+        (DrafterTarget(tiny_llm(hidden=64), VOCAB), "hidden size: drafter 32 vs target 64"),
+        (DrafterTarget(tiny_llm(), VOCAB - 10), "vocab size: drafter 300 vs target 290"),
+        (DrafterTarget(tiny_llm(), VOCAB, fingerprint="abc"), "trained against target None, bound to target abc"),
+    ]
+    for target, message in cases:
+        with pytest.raises(DrafterError, match=message):
+            Drafter.from_pretrained(tmp_path / "ok", target)
+    with pytest.warns(UserWarning, match="bound to target abc"):
+        Drafter.from_pretrained(tmp_path / "ok", cases[2][0], allow_fingerprint_mismatch=True)
+    with pytest.raises(DrafterError, match="no drafter file .*absent/config.json"):
+        Drafter.from_pretrained(tmp_path / "absent", good)
+    for name, damage, message in [
+        ("weights", lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 40), "corrupt .*model.safetensors"),
+        ("config", lambda d: (d / "config.json").write_text("{"), "corrupt .*config.json"),
+        ("shape", lambda d: (d / "config.json").write_text(json.dumps(
+            {**json.loads((d / "config.json").read_text()), "intermediate_size": 48})), "does not match"),
+    ]:
+        random_drafter().save_pretrained(tmp_path / name)
+        damage(tmp_path / name)
+        with pytest.raises(DrafterError, match=message):
+            Drafter.from_pretrained(tmp_path / name, good)
+
+
+# ----- proposals -----
+def state_after(emitted: list[int], known: int) -> DecodeState:
+    """A state whose latest pass saw the last ``known`` emitted tokens (features are random)."""
+    verifier = Verifier(tiny_llm())
+    pre = verifier.prefill(prefix(0))
+    hidden = torch.randn(known, HIDDEN, generator=torch.Generator().manual_seed(len(emitted)))
+    return DecodeState(list(emitted), N, hidden, pre.hidden, verifier, pre.cache, {})
+
+
+@settings(max_examples=25, deadline=None)
+@given(topk=st.integers(1, 5), depth=st.integers(1, 5), budget=st.integers(1, 24), k=st.integers(1, N - 1),
+       seed=st.integers(0, 3))
+def test_proposer_tree_is_valid_and_within_bounds(topk, depth, budget, k, seed):
+    proposer = DrafterProposer(random_drafter(), TreeConfig(topk, depth, budget))
+    emitted = torch.randint(VOCAB - 256, VOCAB, (k,), generator=torch.Generator().manual_seed(seed)).tolist()
+    tree = proposer.propose(state_after(emitted, known=k)).tree
+    levels = min(depth, N - k)
+    assert len(tree) == min(budget, topk + (levels - 1) * topk * topk)
+    assert tree.max_depth <= levels
+    assert ((tree.tokens >= VOCAB - 256) & (tree.tokens < VOCAB)).all()
+    pairs = list(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))
+    assert len(set(pairs)) == len(pairs)  # no duplicate siblings
+
+
+def test_proposer_needs_features_of_every_emitted_token():
+    proposer = DrafterProposer(random_drafter())
+    state = state_after([100, 101], known=2)
+    assert proposer.propose(state) is not None
+    # right after a verify-skip of 3 tokens the target has seen none of them: no draft
+    skipped = DecodeState([100, 101, 102, 103, 104], N, state.hidden[:0], state.prefill_hidden,
+                          state.verifier, state.cache, {})
+    assert proposer.propose(skipped) is None
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        TreeConfig(budget=0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_drafter_proposals_are_lossless_with_exact_acceptance(seed):
+    verifier, cfg = Verifier(tiny_llm()), DecodeConfig(N, VOCAB)
+    ar = SpeculativeDecoder(verifier, cfg).decode(prefix(seed))
+    sd = SpeculativeDecoder(verifier, cfg, DrafterProposer(random_drafter(seed)), ExactAcceptance())
+    out = sd.decode(prefix(seed))
+    assert out.tokens == ar.tokens and len(out.accepted_lengths) >= 1
+    relaxed = SpeculativeDecoder(verifier, cfg, DrafterProposer(random_drafter(seed)), TokenRelaxedAcceptance(9))
+    assert len(relaxed.decode(prefix(seed)).tokens) == N
+
+
+# ----- training -----
+def test_training_on_synthetic_features_lowers_the_loss():
+    g = torch.Generator().manual_seed(0)
+    feats = Features(torch.randn(64, N, HIDDEN, generator=g), torch.randint(VOCAB - 256, VOCAB, (64, N), generator=g))
+    drafter, cfg = random_drafter(), DrafterTrainConfig(steps=40, batch_size=32, lr=3e-3, warmup_steps=5)
+    with torch.no_grad():
+        before = drafter_loss(drafter, feats, cfg)[1]
+    fit(drafter, feats, cfg)
+    with torch.no_grad():
+        after = drafter_loss(drafter, feats, cfg)[1]
+    assert after["feature_loss"] < 0.8 * before["feature_loss"] and after["token_loss"] < before["token_loss"]
+
+
+def test_drafter_trained_on_the_target_is_accepted():
+    llm = tiny_llm()
+    prefixes = torch.randn(512, 4, HIDDEN, generator=torch.Generator().manual_seed(1))
+    feats = rollout(llm, prefixes, torch.ones(512, 4), N)
+    drafter = random_drafter()
+    fit(drafter, feats, DrafterTrainConfig(steps=300, batch_size=64, lr=3e-3, warmup_steps=20))
+    verifier, cfg = Verifier(llm), DecodeConfig(N, VOCAB)
+    ar, sd = SpeculativeDecoder(verifier, cfg), SpeculativeDecoder(verifier, cfg, DrafterProposer(drafter))
+    lengths = []
+    for seed in range(10):  # prefixes not seen in training
+        out = sd.decode(prefix(seed))
+        assert out.tokens == ar.decode(prefix(seed)).tokens
+        lengths.append(out.acceptance_length)
+    assert np.mean(lengths) > 1.2
+
+
+# ----- the target VLA and the command -----
+TINY_VLA = {"hidden_size": 32, "n_layers": 1, "intermediate_size": 64, "image_size": 16,
+            "vision_channels": (8, 16), "max_positions": 64}
+
+
+def tiny_vla() -> VLA:
+    torch.manual_seed(0)
+    text = TextTokenizer.train(INSTRUCTIONS)
+    norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(4), state_std=np.ones(4))
+    return VLA(VLAConfig(text_vocab_size=text.vocab_size, **TINY_VLA), norm, text).eval()
+
+
+def write_demos(path: Path, n_episodes: int = 6, t: int = 6) -> None:
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["benchmark"] = "mw"
+        for i in range(n_episodes):
+            g = data.create_group(f"demo_{i}")
+            g.attrs.update({"task": f"task{i % 2}", "instruction": INSTRUCTIONS[i % 2], "success": True})
+            g.create_dataset("actions", data=rng.uniform(-1, 1, (t, 4)).astype(np.float32))
+            g.create_dataset("obs/agentview_rgb", data=rng.integers(0, 256, (t, 32, 32, 3), dtype=np.uint8))
+            g.create_dataset("obs/ee_pos", data=rng.normal(size=(t, 3)).astype(np.float32))
+            g.create_dataset("obs/gripper_states", data=rng.uniform(size=(t, 1)).astype(np.float32))
+
+
+def test_batched_rollout_matches_the_decode_loop(tmp_path):
+    """Left-padded batched generation gives each frame the tokens and features of its own decode."""
+    vla, demos = tiny_vla(), tmp_path / "demos.hdf5"
+    write_demos(demos, n_episodes=2, t=2)
+    records, _ = read_episodes([demos], vla.config.image_size)
+    frames = build_frames(records, vla.text_tokenizer, vla.action_tokenizer, vla.config.chunk)
+    feats = vla_features(vla, frames, batch_size=4, desc="test")
+    decoder = SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(N, vla.config.vocab_size))
+    for i in range(len(frames)):
+        b = frames.batch(torch.tensor([i]))
+        real = b["prompt_mask"][0].bool()
+        with torch.no_grad():
+            embeds = vla.prefix_embeds(b["images"], b["prompt_ids"][:, real], b["state"])
+            tf = vla.teacher_forced(b["images"], b["prompt_ids"][:, real], b["state"], feats.tokens[i : i + 1])
+        assert decoder.decode(embeds).tokens == feats.tokens[i].tolist()
+        torch.testing.assert_close(feats.hidden[i], tf.hidden[0], atol=1e-5, rtol=1e-5)
+
+
+def test_train_drafter_command(tmp_path):
+    from heisd.cli import main
+
+    vla, demos, out = tiny_vla(), tmp_path / "demos.hdf5", tmp_path / "drafter"
+    vla.save_pretrained(tmp_path / "vla")
+    write_demos(demos)
+    argv = ["train-drafter", "--target", str(tmp_path / "vla"), "--demos", str(demos), "--out", str(out),
+            "--steps", "20", "--batch-size", "8", "--eval-every", "10", "--threads", "1", "--max-frames", "20"]
+    assert main(argv) == 0
+    info = json.loads((out / "train_info.json").read_text())
+    assert info["train_frames"] == 20 and info["val_frames"] == 6 and not info["features_cached"]
+    assert info["target_fingerprint"] == vla.fingerprint() and 0.0 <= info["final"]["val_top1"] <= 1.0
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 2
+    drafter = Drafter.from_pretrained(out, DrafterTarget.from_vla(VLA.from_pretrained(tmp_path / "vla")))
+    assert drafter.config.target_fingerprint == vla.fingerprint()
+    features_written = (out / "features.safetensors").stat().st_mtime_ns
+    time.sleep(0.01)
+    assert main(argv) == 0  # a rerun reuses the generated features
+    assert json.loads((out / "train_info.json").read_text())["features_cached"]
+    assert (out / "features.safetensors").stat().st_mtime_ns == features_written
