@@ -108,6 +108,21 @@ def test_left_padded_prompt_gives_the_same_logits():
     torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
 
 
+def test_teacher_forced_matches_prefill_then_cached_steps():
+    """What the decoding engine will do (prefill with inputs_embeds, then one id at a time)."""
+    model = tiny_model()
+    images, prompt, state, actions = inputs(model, b=1)
+    with torch.no_grad():
+        tf = model.teacher_forced(images, prompt, state, actions)
+        out = model.llm(inputs_embeds=model.prefix_embeds(images, prompt, state), use_cache=True, logits_to_keep=1)
+        steps = [out.logits[:, -1]]
+        for i in range(actions.shape[1] - 1):
+            out = model.llm(input_ids=actions[:, i:i + 1], cache=out.past_key_values, use_cache=True)
+            steps.append(out.logits[:, -1])
+    torch.testing.assert_close(torch.stack(steps, 1), tf.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.llm.lm_head(tf.hidden), tf.logits)
+
+
 def test_image_ops():
     img = torch.randint(0, 256, (3, 32, 32, 3), dtype=torch.uint8)
     small = resize_images(img, 16)

@@ -102,3 +102,26 @@ def build_frames(records: Sequence[EpisodeRecord], text: TextTokenizer,
         prompt_mask=prompt_mask,
         episode=torch.cat([torch.full((len(r.actions),), i, dtype=torch.long) for i, r in enumerate(records)]),
     )
+
+
+class EpochSampler:
+    """Random permutations of the frames, one per epoch; its state is part of train_state."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        self.n, self.batch_size = n, batch_size
+        self.gen = torch.Generator().manual_seed(seed)
+        self.perm, self.pos = torch.randperm(n, generator=self.gen), 0
+
+    def next(self) -> torch.Tensor:
+        if self.pos + self.batch_size > self.n:  # drop the ragged tail: every batch the same size
+            self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
+        idx = self.perm[self.pos:self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return idx
+
+    def state_dict(self) -> dict:
+        return {"gen": self.gen.get_state(), "perm": self.perm, "pos": self.pos}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.gen.set_state(s["gen"])
+        self.perm, self.pos = s["perm"], s["pos"]

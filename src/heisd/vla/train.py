@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from heisd.data.dataset import compute_action_stats
-from heisd.vla.frames import Frames, build_frames, read_episodes
+from heisd.vla.frames import EpochSampler, Frames, build_frames, read_episodes
 from heisd.vla.model import VLA, NormStats, VLAConfig
 from heisd.vla.text_tokenizer import TextTokenizer
 
@@ -45,29 +45,6 @@ class TrainConfig:
     eval_every: int = 500  # steps between validation + log lines
     save_every: int = 1000  # steps between checkpoints
     max_val_frames: int = 2048  # validation cost bound
-
-
-class EpochSampler:
-    """Random permutations of the frames, one per epoch; its state is part of train_state."""
-
-    def __init__(self, n: int, batch_size: int, seed: int):
-        self.n, self.batch_size = n, batch_size
-        self.gen = torch.Generator().manual_seed(seed)
-        self.perm, self.pos = torch.randperm(n, generator=self.gen), 0
-
-    def next(self) -> torch.Tensor:
-        if self.pos + self.batch_size > self.n:  # drop the ragged tail: every batch the same size
-            self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
-        idx = self.perm[self.pos:self.pos + self.batch_size]
-        self.pos += self.batch_size
-        return idx
-
-    def state_dict(self) -> dict:
-        return {"gen": self.gen.get_state(), "perm": self.perm, "pos": self.pos}
-
-    def load_state_dict(self, s: dict) -> None:
-        self.gen.set_state(s["gen"])
-        self.perm, self.pos = s["perm"], s["pos"]
 
 
 def _lr_lambda(cfg: TrainConfig):
@@ -142,6 +119,41 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class _Setup:
+    model: VLA
+    train_frames: Frames
+    val_frames: Frames | None
+    data: dict  # episode/frame counts, checked again on resume
+    dropped: int  # failed demonstrations left out
+    state: dict | None  # train_state.pt contents when resuming
+
+
+def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides: dict, resume: bool,
+           benchmark: str | None, instructions: Sequence[str]) -> tuple[_Setup, TrainConfig]:
+    state, model = None, None
+    if resume:
+        if not (out / TRAIN_STATE_FILE).is_file():
+            raise FileNotFoundError(f"--resume: no {TRAIN_STATE_FILE} in {out}")
+        state = torch.load(out / TRAIN_STATE_FILE, weights_only=True)
+        cfg = TrainConfig(**{**state["train_config"], "steps": cfg.steps, "eval_every": cfg.eval_every,
+                             "save_every": cfg.save_every})  # the trajectory-defining settings stay as saved
+        model = VLA.from_pretrained(out)
+        model.load_state_dict(state["model"])
+    image_size = model.config.image_size if model else VLAConfig(0, **overrides).image_size
+    records, dropped = read_episodes(paths, image_size, benchmark)
+    if model is None:
+        model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions)
+    train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)
+    frames = [build_frames([records[i] for i in eps], model.text_tokenizer, model.action_tokenizer,
+                           model.config.chunk) if eps else None for eps in (train_eps, val_eps)]
+    data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(frames[0]),
+            "val_frames": len(frames[1]) if frames[1] else 0}
+    if state is not None and state["data"] != data:
+        raise ValueError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
+    return _Setup(model, frames[0], frames[1], data, dropped, state), cfg
+
+
 def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
           resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = ()) -> dict:
     """Train (or resume) and return the last logged metrics.
@@ -151,30 +163,9 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     """
     wall0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    state = None
-    if resume:
-        if not (out / TRAIN_STATE_FILE).is_file():
-            raise FileNotFoundError(f"--resume: no {TRAIN_STATE_FILE} in {out}")
-        state = torch.load(out / TRAIN_STATE_FILE, weights_only=True)
-        saved = TrainConfig(**state["train_config"])
-        cfg = TrainConfig(**{**asdict(saved), "steps": cfg.steps, "eval_every": cfg.eval_every,
-                             "save_every": cfg.save_every})  # the trajectory-defining settings stay as saved
-        model = VLA.from_pretrained(out)
-        model.load_state_dict(state["model"])
-    image_size = model.config.image_size if resume else VLAConfig(0, **(model_overrides or {})).image_size
-    records, dropped = read_episodes(paths, image_size, benchmark)
-    if not resume:
-        model = _new_model(records, paths, chunk, model_overrides or {}, cfg.seed, instructions)
-    train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)
-    tok = model.action_tokenizer
-    train_frames = build_frames([records[i] for i in train_eps], model.text_tokenizer, tok, model.config.chunk)
-    val_frames = build_frames([records[i] for i in val_eps], model.text_tokenizer, tok, model.config.chunk) if val_eps else None
-    data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(train_frames),
-            "val_frames": len(val_frames) if val_frames else 0}
-    if state is not None and state["data"] != data:
-        raise ValueError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
-    del records
-
+    setup, cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions)
+    model, train_frames, val_frames, data, state = (setup.model, setup.train_frames, setup.val_frames,
+                                                    setup.data, setup.state)
     model.train()
     opt = _optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
@@ -189,7 +180,7 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     _truncate_log(out / LOG_FILE, step)
 
     info = {"command": " ".join(sys.argv), "seed": cfg.seed, "demos": [str(p) for p in paths], **data,
-            "dropped_failed_episodes": dropped, "threads": torch.get_num_threads(),
+            "dropped_failed_episodes": setup.dropped, "threads": torch.get_num_threads(),
             "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
             "model_config": model.config.to_dict()}
     metrics: dict = {}
