@@ -1,0 +1,160 @@
+"""The embedded `mw` benchmark: Meta-World v3 tasks as a gymnasium env with an RGB camera.
+
+Observation: ``{"image": uint8 (H, W, 3) upright, "state": float32 (4,) = ee xyz + gripper opening}``;
+``info`` carries ``success``, ``ee_pos`` and the full simulator state vector ``sim_obs`` (for the
+scripted expert only; the VLA never sees it).
+
+Layouts (object and goal positions) are drawn by us from the task's own reset space with a
+seeded generator, one per episode, instead of MT1's 50 presets: training and evaluation use
+different seeds, so no evaluation layout was ever seen in a demonstration.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco is imported
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    env_name: str  # Meta-World v3 environment name
+    instruction: str  # natural-language instruction given to the VLA
+
+
+# The task registry: 3 free-space/pushing tasks and 5 contact tasks (drawers, buttons, windows, doors).
+TASKS: dict[str, TaskSpec] = {
+    t.env_name: t
+    for t in (
+        TaskSpec("reach-v3", "reach the red target with the gripper"),
+        TaskSpec("push-v3", "push the puck to the goal"),
+        TaskSpec("pick-place-v3", "pick up the puck and place it at the goal"),
+        TaskSpec("drawer-open-v3", "open the drawer"),
+        TaskSpec("drawer-close-v3", "close the drawer"),
+        TaskSpec("button-press-topdown-v3", "press the button from the top"),
+        TaskSpec("window-open-v3", "slide the window open"),
+        TaskSpec("door-open-v3", "open the door"),
+    )
+}
+
+ACTION_DIM = 4  # dx dy dz grip, each in [-1, 1]
+
+
+@dataclass(frozen=True)
+class MWConfig:
+    image_size: int = 128  # square RGB frame, pixels
+    camera: str = "corner3"  # shows the whole table with objects and goals (checked by eye)
+    max_steps: int = 300  # episode cut; the scripted experts finish every task well before this
+
+
+def check_task(task: str) -> TaskSpec:
+    if task not in TASKS:
+        raise ValueError(f"unknown mw task {task!r}; known tasks: {', '.join(TASKS)}")
+    return TASKS[task]
+
+
+class MetaWorldEnv(gym.Env):
+    """One Meta-World task with seeded layouts and a fast headless renderer."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, task: str, config: MWConfig = MWConfig()):
+        self.spec_task = check_task(task)
+        self.task = task
+        self.config = config
+        self._env = _raw_env(task, config.image_size, config.camera)
+        size = config.image_size
+        self.observation_space = gym.spaces.Dict(
+            {
+                "image": gym.spaces.Box(0, 255, (size, size, 3), np.uint8),
+                "state": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+            }
+        )
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
+        self.render_mode = "rgb_array"
+        self.layout: np.ndarray | None = None
+        self._steps = 0
+
+    @property
+    def instruction(self) -> str:
+        return self.spec_task.instruction
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        """Reset to a new layout.
+
+        ``options={"layout_seed": s}`` draws the layout from seed ``s``; ``options={"layout": v}``
+        restores a layout vector recorded earlier. Otherwise the layout seed comes from ``seed``.
+        """
+        super().reset(seed=seed)
+        options = options or {}
+        env = self._env
+        if "layout" in options:
+            env._freeze_rand_vec, env.seeded_rand_vec = True, False
+            env._last_rand_vec = np.asarray(options["layout"], dtype=np.float64).copy()
+        else:
+            layout_seed = options.get("layout_seed", int(self.np_random.integers(2**31)))
+            # The env draws from its own seeded generator and rejects invalid layouts itself
+            # (e.g. goal too close to the object); a frozen vector would loop forever there.
+            env.seed(int(layout_seed))
+            env._freeze_rand_vec, env.seeded_rand_vec = False, True
+        self._steps = 0
+        sim_obs, _ = env.reset()
+        self.layout = env._last_rand_vec.copy()
+        return self._observe(sim_obs), self._info(sim_obs, success=False)
+
+    def step(self, action):
+        action = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
+        sim_obs, reward, _, _, info = self._env.step(action)
+        self._steps += 1
+        success = bool(info["success"])
+        truncated = self._steps >= self.config.max_steps
+        return self._observe(sim_obs), float(reward), success, truncated, self._info(sim_obs, success)
+
+    def render(self) -> np.ndarray:
+        # Each simulator has its own GL context; another env's may be current in this process.
+        self._env.mujoco_renderer._get_viewer("rgb_array").make_context_current()
+        return np.ascontiguousarray(self._env.render()[::-1])  # MuJoCo renders upside down
+
+    def _observe(self, sim_obs: np.ndarray) -> dict:
+        return {"image": self.render(), "state": sim_obs[:4].astype(np.float32)}
+
+    @staticmethod
+    def _info(sim_obs: np.ndarray, success: bool) -> dict:
+        return {"success": success, "ee_pos": sim_obs[:3].astype(np.float32), "sim_obs": sim_obs}
+
+
+@lru_cache(maxsize=None)
+def _raw_env(task: str, image_size: int, camera: str):
+    """One simulator per (task, size, camera) per process, never closed.
+
+    Closing a MuJoCo EGL renderer frees the process's current GL context and every later
+    renderer returns black frames (seen with mujoco 3.3.0), so environments are reused.
+    With several alive, `render` must make its own context current first (else it draws
+    with another model's context: garbage frames).
+    """
+    import metaworld
+    import mujoco
+
+    mt1 = metaworld.MT1(task, seed=0)  # only to set the task's kwargs (goal visible to the expert)
+    env = mt1.train_classes[task](
+        render_mode="rgb_array", width=image_size, height=image_size, camera_name=camera
+    )
+    env.set_task(mt1.train_tasks[0])
+    env.max_path_length = 10**9  # episode length is ours (MWConfig.max_steps)
+    env.model.vis.quality.offsamples = 0  # no anti-aliasing: ~7x faster software rendering
+    env.reset()
+    viewer = env.mujoco_renderer._get_viewer("rgb_array")
+    viewer.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+    return env
+
+
+def expert_policy(task: str):
+    """Meta-World's scripted expert for a task: `policy.get_action(sim_obs) -> action`."""
+    from metaworld.policies import ENV_POLICY_MAP
+
+    return ENV_POLICY_MAP[check_task(task).env_name]()

@@ -1,0 +1,1 @@
+"""Subcommands of the `heisd` command line (see heisd.cli)."""

@@ -1,0 +1,1 @@
+"""Demonstrations: generation with scripted experts and the LIBERO/robomimic HDF5 reader."""

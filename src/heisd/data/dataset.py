@@ -1,0 +1,178 @@
+"""Reader for demonstration files in the LIBERO/robomimic HDF5 layout.
+
+    data/                      attrs: benchmark, env_args (JSON), created, heisd_version
+      demo_<i>/                attrs: task, instruction, success
+        actions                (T, A) float32
+        obs/agentview_rgb      (T, H, W, 3) uint8, upright
+        obs/ee_pos             (T, 3) float32
+        obs/gripper_states     (T, G) float32
+
+The same code reads our Meta-World files and real LIBERO demonstration files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import h5py
+import numpy as np
+
+REQUIRED_DATASETS = ("actions", "obs/agentview_rgb", "obs/ee_pos", "obs/gripper_states")
+
+
+class DemoFormatError(ValueError):
+    """A demonstration file that does not follow the layout; the message names file and key."""
+
+
+@dataclass(frozen=True)
+class Episode:
+    name: str
+    task: str
+    instruction: str
+    actions: np.ndarray  # (T, A) float32
+    images: np.ndarray  # (T, H, W, 3) uint8, upright
+    ee_pos: np.ndarray  # (T, 3) float32
+    gripper: np.ndarray  # (T, G) float32
+    success: bool
+
+    @property
+    def state(self) -> np.ndarray:
+        """Proprioception given to the VLA: end-effector xyz + gripper opening."""
+        return np.concatenate([self.ee_pos, self.gripper], axis=1).astype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+
+def _attr(obj, key: str) -> str:
+    value = obj.attrs[key]
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class DemoFile:
+    """Open with ``with DemoFile(path) as f: for ep in f: ...``. Validates on open."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DemoFormatError(f"{self.path}: no such demonstration file")
+        try:
+            self._h5 = h5py.File(self.path, "r")
+        except OSError as e:  # truncated or not HDF5 at all
+            raise DemoFormatError(f"{self.path}: not a readable HDF5 file ({e})") from e
+        if "data" not in self._h5:
+            self.close()
+            raise DemoFormatError(f"{self.path}: missing group 'data'")
+        self._data = self._h5["data"]
+        self._names = sorted(
+            (k for k in self._data.keys() if k.startswith("demo_")), key=lambda k: int(k[5:])
+        )
+        for name in self._names:
+            self._validate(name)
+
+    def _validate(self, name: str) -> None:
+        group = self._data[name]
+        for key in REQUIRED_DATASETS:
+            if key not in group:
+                raise DemoFormatError(f"{self.path}: data/{name} is missing '{key}'")
+        for key in ("task", "instruction"):
+            if key not in group.attrs:
+                raise DemoFormatError(f"{self.path}: data/{name} is missing attribute '{key}'")
+        t = group["actions"].shape[0]
+        for key in REQUIRED_DATASETS[1:]:
+            if group[key].shape[0] != t:
+                raise DemoFormatError(
+                    f"{self.path}: data/{name}/{key} has {group[key].shape[0]} steps, actions has {t}"
+                )
+        if group["obs/agentview_rgb"].ndim != 4 or group["obs/agentview_rgb"].shape[-1] != 3:
+            raise DemoFormatError(f"{self.path}: data/{name}/obs/agentview_rgb is not (T, H, W, 3)")
+
+    @property
+    def attrs(self) -> dict:
+        out = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in self._data.attrs.items()}
+        if "env_args" in out:
+            out["env_args"] = json.loads(out["env_args"])
+        return out
+
+    def episode_names(self) -> list[str]:
+        return list(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def episode(self, name: str) -> Episode:
+        if name not in self._names:
+            raise DemoFormatError(f"{self.path}: no episode data/{name}")
+        g = self._data[name]
+        try:
+            return Episode(
+                name=name,
+                task=_attr(g, "task"),
+                instruction=_attr(g, "instruction"),
+                actions=np.asarray(g["actions"][()], dtype=np.float32),
+                images=np.asarray(g["obs/agentview_rgb"][()], dtype=np.uint8),
+                ee_pos=np.asarray(g["obs/ee_pos"][()], dtype=np.float32),
+                gripper=np.asarray(g["obs/gripper_states"][()], dtype=np.float32).reshape(
+                    len(g["actions"]), -1
+                ),
+                success=bool(g.attrs.get("success", True)),
+            )
+        except OSError as e:  # a chunk cut off by truncation
+            raise DemoFormatError(f"{self.path}: data/{name} cannot be read ({e})") from e
+
+    def __iter__(self) -> Iterator[Episode]:
+        for name in self._names:
+            yield self.episode(name)
+
+    def close(self) -> None:
+        self._h5.close()
+
+    def __enter__(self) -> "DemoFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class ActionStats:
+    """Per-dimension action statistics; q01/q99 normalize actions (OpenVLA convention)."""
+
+    q01: np.ndarray
+    q99: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+
+    def to_dict(self) -> dict:
+        return {k: np.asarray(v).tolist() for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ActionStats":
+        missing = [k for k in ("q01", "q99", "mean", "std", "min", "max") if k not in d]
+        if missing:
+            raise ValueError(f"action statistics are missing {missing}")
+        return cls(**{k: np.asarray(d[k], dtype=np.float32) for k in cls.__dataclass_fields__})
+
+
+def compute_action_stats(paths: Sequence[str | Path]) -> ActionStats:
+    chunks = []
+    for path in paths:
+        with DemoFile(path) as f:
+            for name in f.episode_names():
+                chunks.append(np.asarray(f._data[name]["actions"][()], dtype=np.float32))
+    if not chunks:
+        raise DemoFormatError(f"no episodes in {[str(p) for p in paths]}")
+    a = np.concatenate(chunks, axis=0)
+    return ActionStats(
+        q01=np.quantile(a, 0.01, axis=0).astype(np.float32),
+        q99=np.quantile(a, 0.99, axis=0).astype(np.float32),
+        mean=a.mean(0).astype(np.float32),
+        std=a.std(0).astype(np.float32),
+        min=a.min(0).astype(np.float32),
+        max=a.max(0).astype(np.float32),
+    )

@@ -1,0 +1,99 @@
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from heisd.data.dataset import ActionStats, DemoFile, DemoFormatError, compute_action_stats
+from heisd.data.demos import DemoConfig, generate_demos
+
+
+@pytest.fixture(scope="module")
+def demo_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demos") / "mw.hdf5"
+    cfg = DemoConfig(tasks=("reach-v3", "drawer-close-v3"), episodes=1, seed=7, image_size=64)
+    report = generate_demos(cfg, out, progress=False)
+    return out, report
+
+
+def test_layout_and_dtypes(demo_file):
+    path, report = demo_file
+    assert report["kept"] == 2 and sum(report["dropped"].values()) == 0
+    with h5py.File(path) as h5:
+        data = h5["data"]
+        assert data.attrs["benchmark"] == "mw"
+        assert json.loads(data.attrs["env_args"])["tasks"] == ["reach-v3", "drawer-close-v3"]
+        g = data["demo_0"]
+        t = g["actions"].shape[0]
+        assert g["actions"].dtype == np.float32 and g["actions"].shape == (t, 4)
+        assert g["obs/agentview_rgb"].dtype == np.uint8 and g["obs/agentview_rgb"].shape == (t, 64, 64, 3)
+        assert g["obs/ee_pos"].dtype == np.float32 and g["obs/ee_pos"].shape == (t, 3)
+        assert g.attrs["task"] == "reach-v3" and g.attrs["success"]
+        assert "reach" in g.attrs["instruction"]
+    with DemoFile(path) as f:
+        eps = list(f)
+        assert [e.task for e in eps] == ["reach-v3", "drawer-close-v3"]
+        assert eps[0].state.shape == (len(eps[0]), 4)
+        assert np.abs(eps[0].actions).max() <= 1.0
+
+
+def test_generation_is_deterministic(demo_file, tmp_path):
+    path, _ = demo_file
+    cfg = DemoConfig(tasks=("reach-v3",), episodes=1, seed=7, image_size=64)
+    generate_demos(cfg, tmp_path / "again.hdf5", progress=False)
+    with DemoFile(path) as a, DemoFile(tmp_path / "again.hdf5") as b:
+        ea, eb = next(iter(a)), next(iter(b))
+        np.testing.assert_array_equal(ea.actions, eb.actions)
+        np.testing.assert_array_equal(ea.images, eb.images)
+
+
+def test_action_stats(tmp_path):
+    path = tmp_path / "s.hdf5"
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-2, 2, size=(1000, 4)).astype(np.float32)
+    _write_minimal(path, actions)
+    stats = compute_action_stats([path])
+    np.testing.assert_allclose(stats.q01, np.quantile(actions, 0.01, axis=0), rtol=1e-5)
+    np.testing.assert_allclose(stats.q99, np.quantile(actions, 0.99, axis=0), rtol=1e-5)
+    assert (stats.min <= stats.q01).all() and (stats.q99 <= stats.max).all()
+    again = ActionStats.from_dict(json.loads(json.dumps(stats.to_dict())))
+    np.testing.assert_array_equal(again.q99, stats.q99)
+    with pytest.raises(ValueError, match="missing"):
+        ActionStats.from_dict({"q01": [0.0]})
+
+
+def _write_minimal(path, actions, drop=None):
+    t = len(actions)
+    with h5py.File(path, "w") as h5:
+        g = h5.create_group("data/demo_0")
+        g.attrs.update(task="reach-v3", instruction="reach", success=True)
+        g["actions"] = actions
+        g["obs/agentview_rgb"] = np.zeros((t, 8, 8, 3), np.uint8)
+        g["obs/ee_pos"] = np.zeros((t, 3), np.float32)
+        g["obs/gripper_states"] = np.zeros((t, 1), np.float32)
+        if drop:
+            del g[drop]
+
+
+def test_missing_key_is_named(tmp_path):
+    path = tmp_path / "bad.hdf5"
+    _write_minimal(path, np.zeros((5, 4), np.float32), drop="obs/ee_pos")
+    with pytest.raises(DemoFormatError, match=r"bad\.hdf5: data/demo_0 is missing 'obs/ee_pos'"):
+        DemoFile(path)
+
+
+def test_truncated_file(demo_file, tmp_path):
+    path, _ = demo_file
+    cut = tmp_path / "cut.hdf5"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(DemoFormatError, match="cut.hdf5"):
+        with DemoFile(cut) as f:
+            list(f)
+
+
+def test_not_hdf5_and_missing(tmp_path):
+    (tmp_path / "x.hdf5").write_text("hello")
+    with pytest.raises(DemoFormatError, match="not a readable HDF5"):
+        DemoFile(tmp_path / "x.hdf5")
+    with pytest.raises(DemoFormatError, match="no such demonstration file"):
+        DemoFile(tmp_path / "nope.hdf5")
