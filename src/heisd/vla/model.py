@@ -161,6 +161,18 @@ class VLA(nn.Module):
         fmap = self.vision.feature_map(images)
         return nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1)
 
+    def encode_observation(self, images: torch.Tensor, prompt_ids: torch.Tensor,
+                           state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One vision pass for a control step: (prefix embeds [B, P, d], retrieval key [B, 4*C]).
+
+        Same values as `prefix_embeds` and `pooled_vision_feature`, without running the CNN twice.
+        """
+        fmap = self.vision.feature_map(images)
+        image_tokens = self.projector(fmap.flatten(2).transpose(1, 2))
+        prompt = self.llm.get_input_embeddings()(prompt_ids)
+        prefix = torch.cat([image_tokens, self.state_token(state), prompt], dim=1)
+        return prefix, nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1)
+
     def encode_prompt(self, instruction: str) -> torch.Tensor:
         """Instruction -> prompt ids [1, L] (OpenVLA's prompt template)."""
         return torch.tensor([self.text_tokenizer.encode_prompt(instruction)], dtype=torch.long)

@@ -1,0 +1,57 @@
+"""Flags shared by the commands that run a method (eval, replay, bench)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> None:
+    from heisd.runtime.methods import METHODS
+
+    if method:
+        p.add_argument("--method", default="ar", choices=METHODS, help="decoding method")
+    p.add_argument("--benchmark", default="mw", choices=["mw"], help="benchmark")
+    p.add_argument("--target", default="checkpoints/vla", help="target VLA checkpoint directory")
+    p.add_argument("--drafter", default=None, help="drafter checkpoint directory (specvla*, heisd)")
+    p.add_argument("--datastore", default=None, help="datastore directory (retrieval, heisd)")
+    p.add_argument("--relaxed-r", type=int, default=9, help="token-relaxed acceptance bound in bins")
+    p.add_argument("--tree-topk", type=int, default=4, help="drafter tree: children per node")
+    p.add_argument("--tree-depth", type=int, default=4, help="drafter tree: depth")
+    p.add_argument("--tree-budget", type=int, default=16, help="drafter tree: total nodes")
+    p.add_argument("--retrieval-k", type=int, default=8, help="retrieval Top-K")
+    p.add_argument("--retrieval-budget", type=int, default=32, help="retrieval tree: total nodes")
+    p.add_argument("--payload", default="own", choices=["own", "demo", "both"],
+                   help="retrieval drafts from the target's own tokens, the demonstrator's, or both")
+    p.add_argument("--no-verify-skip", action="store_true", help="ablation: never skip verification")
+    p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
+    p.add_argument("--metric-only", action="store_true",
+                   help="ablation (heisd): kinematic switch with exact, never-skipped retrieval drafts")
+    p.add_argument("--switch-threshold", type=float, default=None,
+                   help="heisd: kinematic F threshold (default: the calibrated one stored with the datastore)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+
+
+def method_config(args: argparse.Namespace, method: str | None = None):
+    from heisd.runtime.methods import MethodConfig
+
+    return MethodConfig(
+        method=method or args.method, drafter=args.drafter, datastore=args.datastore, relaxed_r=args.relaxed_r,
+        tree_topk=args.tree_topk, tree_depth=args.tree_depth, tree_budget=args.tree_budget,
+        retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
+        verify_skip=not args.no_verify_skip, group_acceptance=not args.no_group_acceptance,
+        switch_threshold=args.switch_threshold, metric_only=args.metric_only,
+    )
+
+
+def load_policy(args: argparse.Namespace, cfg):
+    """Target + decoders for one method; errors name the file that is wrong."""
+    import torch
+
+    from heisd.runtime.methods import build_decoders
+    from heisd.runtime.policy import VLAPolicy
+    from heisd.vla.model import VLA
+
+    torch.set_num_threads(args.threads)
+    vla = VLA.from_pretrained(args.target)
+    vla.eval()
+    return VLAPolicy(vla, build_decoders(cfg, vla))

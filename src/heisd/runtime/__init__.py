@@ -1,0 +1,1 @@
+"""Running a VLA: method configuration, the per-step policy, closed-loop eval and offline replay."""

@@ -1,0 +1,133 @@
+"""Methods are configurations of the one decode loop (DESIGN 6): a proposer + an acceptance rule
+per decoding mode, and how a control step picks its mode.
+
+| method           | retrieval mode                         | drafter mode               | mode per step       |
+|------------------|----------------------------------------|----------------------------|---------------------|
+| ar               | -                                      | no proposer, exact         | drafter             |
+| specvla          | -                                      | drafter tree, exact        | drafter             |
+| specvla-relaxed  | -                                      | drafter tree, token-relaxed| drafter             |
+| retrieval        | group tree (+ skip), group-relaxed     | -                          | retrieval           |
+| heisd            | group tree (+ skip), group-relaxed     | drafter tree, exact        | kinematic switch    |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+METHODS = ("ar", "specvla", "specvla-relaxed", "retrieval", "heisd")
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    method: str  # one of METHODS
+    drafter: str | None = None  # drafter checkpoint dir (specvla*, heisd; optional fallback for retrieval)
+    datastore: str | None = None  # datastore dir (retrieval, heisd)
+    relaxed_r: int = 9  # token-relaxed bound in bins (SpecVLA default)
+    tree_topk: int = 4  # drafter tree: children per node
+    tree_depth: int = 4  # drafter tree: depth
+    tree_budget: int = 16  # drafter tree: total nodes
+    retrieval_k: int = 8  # Top-K results per query
+    retrieval_budget: int = 32  # retrieval tree: total nodes
+    payload: str = "own"  # retrieval drafts from the target's own tokens, demo tokens, or both
+    verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
+    group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
+    switch_threshold: float | None = None  # heisd: override the calibrated kinematic threshold
+    metric_only: bool = False  # heisd ablation: kinematic switch with plain (exact, no-skip) retrieval
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.method in ("specvla", "specvla-relaxed", "heisd") and not self.drafter:
+            raise ValueError(f"method {self.method} needs a drafter (--drafter DIR)")
+        if self.method in ("retrieval", "heisd") and not self.datastore:
+            raise ValueError(f"method {self.method} needs a datastore (--datastore DIR)")
+        if self.relaxed_r < 0:
+            raise ValueError(f"relaxed_r must be >= 0, got {self.relaxed_r}")
+        if self.switch_threshold is not None and self.switch_threshold < 0:
+            raise ValueError(f"switch_threshold must be >= 0, got {self.switch_threshold}")
+
+    @property
+    def label(self) -> str:
+        """Name in reports, with the ablation switches that differ from the method's default."""
+        parts = [self.method]
+        if self.method in ("retrieval", "heisd"):
+            if self.metric_only:
+                parts.append("metric-only")
+            else:
+                if not self.verify_skip:
+                    parts.append("no-skip")
+                if not self.group_acceptance:
+                    parts.append("no-group")
+        return "+".join(parts)
+
+
+@dataclass
+class Decoders:
+    """What a policy needs: one configured decoder per mode and the mode chooser."""
+
+    by_mode: dict  # mode name -> SpeculativeDecoder
+    switch: object | None  # KinematicSwitch for heisd, else None (single mode)
+    retrieval: object | None  # the RetrievalProposer (for per-step stats and skip updates)
+
+    @property
+    def fixed_mode(self) -> str | None:
+        return next(iter(self.by_mode)) if self.switch is None else None
+
+
+def build_decoders(cfg: MethodConfig, vla) -> Decoders:
+    from heisd.decoding import (DecodeConfig, ExactAcceptance, SpeculativeDecoder, TokenRelaxedAcceptance,
+                                Verifier)
+
+    verifier = Verifier(vla.llm)
+    dcfg = DecodeConfig(n_tokens=vla.config.n_action_tokens, vocab_size=vla.config.vocab_size,
+                        n_bins=vla.config.n_bins)
+    drafter = _drafter_proposer(cfg, vla) if cfg.drafter else None
+    if cfg.method == "ar":
+        return Decoders({"drafter": SpeculativeDecoder(verifier, dcfg)}, None, None)
+    if cfg.method in ("specvla", "specvla-relaxed"):
+        rule = TokenRelaxedAcceptance(cfg.relaxed_r) if cfg.method == "specvla-relaxed" else ExactAcceptance()
+        return Decoders({"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None, None)
+    retrieval, rule = _retrieval_proposer(cfg, vla, fallback=drafter, vocab=SpeculativeDecoder(verifier, dcfg).vocab)
+    by_mode = {"retrieval": SpeculativeDecoder(verifier, dcfg, retrieval, rule)}
+    if cfg.method == "retrieval":
+        return Decoders(by_mode, None, retrieval)
+    by_mode["drafter"] = SpeculativeDecoder(verifier, dcfg, drafter, ExactAcceptance())
+    return Decoders(by_mode, _switch(cfg, retrieval.datastore), retrieval)
+
+
+def _drafter_proposer(cfg: MethodConfig, vla):
+    from heisd.drafter import Drafter, DrafterProposer, DrafterTarget, TreeConfig
+
+    drafter = Drafter.from_pretrained(Path(cfg.drafter), DrafterTarget.from_vla(vla))
+    drafter.eval()
+    return DrafterProposer(drafter, TreeConfig(cfg.tree_topk, cfg.tree_depth, cfg.tree_budget))
+
+
+def _retrieval_proposer(cfg: MethodConfig, vla, fallback, vocab):
+    from heisd.decoding import ExactAcceptance
+    from heisd.retrieval import RetrievalConfig, RetrievalProposer, VerifySkip, open_datastore
+
+    datastore = open_datastore(cfg.datastore, vla)
+    rcfg = RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=cfg.retrieval_k,
+                                      node_budget=cfg.retrieval_budget, payload=cfg.payload)
+    plain = cfg.metric_only  # the ablation's first rung: retrieval drafts checked exactly, never skipped
+    skip = VerifySkip.from_datastore(datastore) if cfg.verify_skip and not plain else None
+    rule = rcfg.acceptance() if cfg.group_acceptance and not plain else ExactAcceptance()
+    return RetrievalProposer(datastore, rcfg, fallback, vocab=vocab, verify_skip=skip), rule
+
+
+def _switch(cfg: MethodConfig, datastore):
+    from heisd.kinematics import KinematicConfig, KinematicStats, KinematicSwitch
+
+    extras = datastore.extras
+    if "kinematic_stats" not in extras:
+        raise ValueError(f"datastore {cfg.datastore} has no kinematic statistics (rebuild it with build-datastore)")
+    threshold = cfg.switch_threshold
+    if threshold is None:
+        if "hybrid" not in extras:
+            raise ValueError(f"datastore {cfg.datastore} has no calibrated switch threshold: run `heisd calibrate` "
+                             "or pass --switch-threshold")
+        threshold = float(extras["hybrid"]["threshold"])
+    kcfg = KinematicConfig(**{**extras.get("kinematic_config", {}), "threshold": threshold})
+    return KinematicSwitch(kcfg, KinematicStats.from_dict(extras["kinematic_stats"]))

@@ -1,0 +1,53 @@
+"""DESIGN section 3 metrics, defined once: per-episode aggregation and the run summary."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heisd.runtime.policy import StepRecord
+
+BREAKDOWN_KEYS = ("vision", "prefill", "retrieval", "draft", "verify", "other")
+
+
+def episode_steps(records: list[StepRecord]) -> dict:
+    """The per-step numbers an episode line keeps (lists, so summaries can pool all steps)."""
+    return {
+        "latency_ms": [round(r.latency_ms, 4) for r in records],
+        "breakdown_ms": {k: [round(r.breakdown_ms[k], 4) for r in records] for k in BREAKDOWN_KEYS},
+        "target_forwards": [r.target_forwards for r in records],
+        "acceptance_length": [round(r.acceptance_length, 4) for r in records],
+        "skipped": [r.skipped for r in records],
+        "mode": [r.mode for r in records],
+        "metric": [None if r.metric is None else round(r.metric, 5) for r in records],
+    }
+
+
+def summarize(method: str, benchmark: str, episodes: list[dict]) -> dict:
+    """summary.json from episode lines: every number pooled over all control steps."""
+    if not episodes:
+        raise ValueError("no finished episodes to summarize")
+    steps = [e["steps"] for e in episodes]
+    latency = np.concatenate([s["latency_ms"] for s in steps])
+    per_task: dict[str, dict] = {}
+    for e in episodes:
+        t = per_task.setdefault(e["task"], {"successes": 0, "episodes": 0})
+        t["successes"] += int(e["success"])
+        t["episodes"] += 1
+    pooled = lambda key: np.concatenate([np.asarray(s[key], dtype=float) for s in steps])  # noqa: E731
+    modes = np.concatenate([np.asarray(s["mode"]) for s in steps])
+    return {
+        "method": method,
+        "benchmark": benchmark,
+        "episodes": len(episodes),
+        "sr": float(np.mean([e["success"] for e in episodes])),
+        "per_task": {k: {"sr": v["successes"] / v["episodes"], "episodes": v["episodes"]}
+                     for k, v in sorted(per_task.items())},
+        "control_steps": int(len(latency)),
+        "latency_ms": {"median": float(np.median(latency)), "p90": float(np.percentile(latency, 90))},
+        "breakdown_ms": {k: float(np.mean(np.concatenate([s["breakdown_ms"][k] for s in steps])))
+                         for k in BREAKDOWN_KEYS},
+        "target_forwards": float(pooled("target_forwards").mean()),
+        "acceptance_length": float(pooled("acceptance_length").mean()),
+        "skip_rate": float(pooled("skipped").mean()),
+        "retrieval_fraction": float(np.mean(modes == "retrieval")),
+    }

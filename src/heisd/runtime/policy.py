@@ -1,0 +1,99 @@
+"""The VLA as a robot policy: `reset()`, then `act(obs)` per control step (LeRobot-style).
+
+One control step = vision + prefill + decoding of one action chunk with the method's decoder.
+The step's record carries every number DESIGN section 3 defines, measured here, in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from heisd.runtime.methods import Decoders
+
+
+@dataclass
+class StepRecord:
+    tokens: list[int]  # emitted action tokens
+    latency_ms: float  # observation in -> action out
+    breakdown_ms: dict[str, float]  # vision, prefill, retrieval, draft, verify, other
+    target_forwards: int  # prefill included
+    acceptance_length: float  # tokens per target forward
+    skipped: bool  # retrieval draft accepted with no verify pass
+    mode: str  # "retrieval" or "drafter" (ar/specvla run in drafter mode)
+    metric: float | None  # kinematic F of this step (heisd), None before w positions
+    deviation: int  # summed bin deviation of accepted drafts from the target's greedy tokens
+
+
+@dataclass
+class VLAPolicy:
+    vla: object  # heisd.vla.VLA
+    decoders: Decoders
+    instruction: str = ""
+    task: str | None = None
+    _prompt: torch.Tensor | None = field(default=None, repr=False)
+    _tracker: object | None = field(default=None, repr=False)
+
+    def reset(self, instruction: str, task: str | None = None) -> None:
+        """New episode: encode the prompt once, forget per-episode decoder state."""
+        self.instruction, self.task = instruction, task
+        self._prompt = self.vla.encode_prompt(instruction)
+        for decoder in self.decoders.by_mode.values():
+            decoder.reset()
+        switch = self.decoders.switch
+        self._tracker = switch.make_tracker() if switch is not None else None
+
+    def end_episode(self, success: bool) -> None:
+        """Adaptive verify-skip learns from task outcomes (DESIGN 2.3)."""
+        retrieval = self.decoders.retrieval
+        if retrieval is not None and retrieval.verify_skip is not None:
+            retrieval.verify_skip.update(success)
+
+    @torch.inference_mode()
+    def act(self, image: np.ndarray, state: np.ndarray, ee_pos: np.ndarray | None = None) -> tuple[np.ndarray, StepRecord]:
+        """uint8 image [H, W, 3] + state [4] -> actions [chunk, action_dim] and the step record."""
+        if self._prompt is None:
+            raise RuntimeError("call reset(instruction) before act()")
+        t0 = time.perf_counter()
+        mode, metric = self._mode(ee_pos if ee_pos is not None else state[:3])
+        images = torch.from_numpy(np.ascontiguousarray(image))[None]
+        prefix, key = self.vla.encode_observation(images, self._prompt, torch.from_numpy(state)[None])
+        context = {"key": key[0].numpy(), "task": self.task}
+        t1 = time.perf_counter()
+        result = self.decoders.by_mode[mode].decode(prefix, context)
+        cfg = self.vla.config
+        actions = self.vla.action_tokenizer.decode(np.asarray(result.tokens).reshape(cfg.chunk, cfg.action_dim))
+        t2 = time.perf_counter()
+        retrieval_ms, skipped = self._retrieval_stats(mode)
+        timing = result.timing
+        breakdown = {
+            "vision": (t1 - t0) * 1e3,
+            "prefill": timing.prefill_ms,
+            "retrieval": retrieval_ms,
+            "draft": max(timing.draft_ms - retrieval_ms, 0.0),
+            "verify": timing.verify_ms,
+            # loop bookkeeping + token -> action decoding: the pieces add up to latency_ms
+            "other": (t2 - t1) * 1e3 - timing.prefill_ms - timing.draft_ms - timing.verify_ms,
+        }
+        record = StepRecord(
+            tokens=list(result.tokens), latency_ms=(t2 - t0) * 1e3, breakdown_ms=breakdown,
+            target_forwards=result.target_forwards, acceptance_length=result.acceptance_length,
+            skipped=skipped, mode=mode, metric=metric, deviation=result.deviation,
+        )
+        return actions, record
+
+    def _mode(self, ee_pos: np.ndarray) -> tuple[str, float | None]:
+        if self.decoders.switch is None:
+            return self.decoders.fixed_mode, None
+        self._tracker.update(ee_pos=ee_pos)
+        mode = self.decoders.switch.mode(self._tracker)
+        return mode, self.decoders.switch.last_metric
+
+    def _retrieval_stats(self, mode: str) -> tuple[float, bool]:
+        retrieval = self.decoders.retrieval
+        if mode != "retrieval" or retrieval is None or retrieval.last_step is None:
+            return 0.0, False
+        return retrieval.last_step.retrieval_ms, retrieval.last_step.skipped

@@ -1,0 +1,50 @@
+"""Builders shared by the tests: tiny random targets, small demonstration files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from heisd.benchmarks.mw import TASKS
+from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
+
+TINY = {"hidden_size": 32, "n_layers": 1, "n_heads": 4, "intermediate_size": 64, "image_size": 16,
+        "vision_channels": (8, 16), "max_positions": 64}
+
+
+def tiny_vla(seed: int = 0, instructions: list[str] | None = None) -> VLA:
+    """A random tiny VLA whose greedy tokens are always action tokens, with wide logit margins
+    (so batched and single-row greedy decoding agree)."""
+    torch.manual_seed(seed)
+    text = TextTokenizer.train(instructions or [t.instruction for t in TASKS.values()])
+    norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(4), state_std=np.ones(4))
+    vla = VLA(VLAConfig(text_vocab_size=text.vocab_size, **TINY), norm, text).eval()
+    with torch.no_grad():
+        w = vla.llm.lm_head.weight
+        w.normal_(0.0, 3.0)
+        w[: vla.config.vocab_size - vla.config.n_bins] = 0.0  # text ids never win
+        w[vla.config.vocab_size :] = 0.0  # nor the padding rows
+    return vla
+
+
+def write_demo_file(path: Path, tasks: list[str], episodes: int = 2, steps: int = 20, size: int = 16) -> None:
+    """Random frames and a smooth end-effector path, in the LIBERO/robomimic layout."""
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["benchmark"] = "mw"
+        data.attrs["env_args"] = "{}"
+        i = 0
+        for task in tasks:
+            for _ in range(episodes):
+                g = data.create_group(f"demo_{i}")
+                g.attrs.update(task=task, instruction=TASKS[task].instruction, success=True)
+                g["actions"] = rng.uniform(-1, 1, (steps, 4)).astype(np.float32)
+                g["obs/agentview_rgb"] = rng.integers(0, 256, (steps, size, size, 3), dtype=np.uint8)
+                t = np.linspace(0, 1, steps)[:, None]
+                g["obs/ee_pos"] = (np.array([0.0, 0.6, 0.2]) + t * rng.normal(0, 0.1, 3)).astype(np.float32)
+                g["obs/gripper_states"] = np.ones((steps, 1), np.float32)
+                i += 1

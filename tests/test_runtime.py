@@ -1,0 +1,85 @@
+"""Policy, closed-loop eval (summary schema, determinism, resume) and offline replay."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import tiny_vla, write_demo_file
+
+from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
+from heisd.runtime.evaluation import EvalConfig, evaluate
+from heisd.runtime.methods import MethodConfig, build_decoders
+from heisd.runtime.metrics import BREAKDOWN_KEYS
+from heisd.runtime.policy import VLAPolicy
+from heisd.runtime.replay import replay
+
+SUMMARY_KEYS = {"method", "benchmark", "episodes", "sr", "per_task", "latency_ms", "breakdown_ms",
+                "target_forwards", "acceptance_length", "skip_rate", "retrieval_fraction"}
+
+
+def ar_policy(vla=None) -> VLAPolicy:
+    vla = vla or tiny_vla()
+    return VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
+
+
+def test_policy_step_record_adds_up():
+    policy = ar_policy()
+    env = MetaWorldEnv("reach-v3", MWConfig(image_size=32))
+    obs, info = env.reset(seed=0)
+    policy.reset(env.instruction, env.task)
+    actions, rec = policy.act(obs["image"], obs["state"], info["ee_pos"])
+    assert actions.shape == (2, 4) and np.abs(actions).max() <= 1.0 + 1e-6
+    assert rec.target_forwards == 8 and rec.acceptance_length == 1.0 and len(rec.tokens) == 8
+    assert set(rec.breakdown_ms) == set(BREAKDOWN_KEYS)
+    assert sum(rec.breakdown_ms.values()) == pytest.approx(rec.latency_ms, rel=1e-6)
+
+
+def test_act_before_reset_is_refused():
+    with pytest.raises(RuntimeError, match="reset"):
+        ar_policy().act(np.zeros((32, 32, 3), np.uint8), np.zeros(4, np.float32))
+
+
+def test_methods_without_their_resources_are_refused():
+    with pytest.raises(ValueError, match="needs a drafter"):
+        MethodConfig("specvla")
+    with pytest.raises(ValueError, match="needs a datastore"):
+        MethodConfig("retrieval")
+    with pytest.raises(ValueError, match="unknown method"):
+        MethodConfig("magic")
+
+
+def test_eval_summary_determinism_and_resume(tmp_path):
+    cfg = EvalConfig(tasks=("reach-v3", "push-v3"), episodes=2, seed=3, max_steps=8, image_size=32)
+    vla = tiny_vla()
+    full = evaluate(ar_policy(vla), "ar", cfg, tmp_path / "a", progress=False)
+    assert SUMMARY_KEYS <= set(full)
+    assert full["episodes"] == 4 and set(full["per_task"]) == {"reach-v3", "push-v3"}
+    assert full["target_forwards"] == 8.0 and full["acceptance_length"] == 1.0
+    lines = (tmp_path / "a" / "episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+
+    # an interrupted run: two finished episodes and a half-written third line
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "run.json").write_text((tmp_path / "a" / "run.json").read_text())
+    (tmp_path / "b" / "episodes.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])
+    resumed = evaluate(ar_policy(vla), "ar", cfg, tmp_path / "b", progress=False)
+    again = (tmp_path / "b" / "episodes.jsonl").read_text().splitlines()
+    assert again[:2] == lines[:2] and len(again) == 4
+    key = lambda line: {k: v for k, v in json.loads(line).items() if k != "steps"}  # noqa: E731
+    assert [key(x) for x in again] == [key(x) for x in lines]  # same seeds, same episodes
+    assert resumed["episodes"] == 4 and resumed["sr"] == full["sr"]
+
+    with pytest.raises(ValueError, match="other settings"):
+        evaluate(ar_policy(vla), "ar", EvalConfig(("reach-v3",), 1, seed=3, max_steps=8, image_size=32),
+                 tmp_path / "a", progress=False)
+
+
+def test_replay_ar_matches_itself(tmp_path):
+    write_demo_file(tmp_path / "d.hdf5", ["reach-v3", "push-v3"], episodes=1, steps=10)
+    vla = tiny_vla()
+    result = replay(ar_policy(vla), ar_policy(vla), "ar", [tmp_path / "d.hdf5"], frames=8, progress=False)
+    assert result["frames"] == 8 and result["tasks"] == ["push-v3", "reach-v3"]
+    assert result["token_mismatch_rate"] == 0.0 and result["max_bin_deviation"] == 0
+    assert result["acceptance_length"] == 1.0 and result["target_forwards"] == 8.0
