@@ -91,14 +91,17 @@ def evaluate(policy: VLAPolicy, method_label: str, cfg: EvalConfig, out: Path, p
 def run_episode(env, policy: VLAPolicy, layout_seed: int, execute: int = 0) -> dict:
     obs, info = env.reset(options={"layout_seed": layout_seed})
     policy.reset(env.instruction, env.task)
-    records, success, truncated, env_steps = [], False, False, 0
+    records, ee_path, success, truncated, env_steps = [], [], False, False, 0
     while not (success or truncated):
         actions, record = policy.act(obs["image"], obs["state"], info["ee_pos"])
         records.append(record)
+        ee_path.append([round(float(x), 5) for x in info["ee_pos"]])
         for action in actions[: execute or len(actions)]:
             obs, _, success, truncated, info = env.step(action)
             env_steps += 1
             if success or truncated:
                 break
     policy.end_episode(success)
-    return {"success": bool(success), "env_steps": env_steps, "steps": episode_steps(records)}
+    steps = episode_steps(records)
+    steps["ee_pos"] = ee_path  # where each control step started: the plots color it by mode
+    return {"success": bool(success), "env_steps": env_steps, "steps": steps}

@@ -59,7 +59,8 @@ class MethodConfig:
                     parts.append("no-skip")
                 if not self.group_acceptance:
                     parts.append("no-group")
-        return "+".join(parts)
+        label = "+".join(parts)
+        return f"{label}@{self.switch_threshold:g}" if self.method == "heisd" and self.switch_threshold is not None else label
 
 
 @dataclass

@@ -1,0 +1,55 @@
+"""`heisd bench`: all methods and the ablation ladder on identical seeds, one report."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Benchmark AR, SpecVLA, retrieval SD, HeiSD and its ablation ladder on identical seeds (bench.json, report.md, plots)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from heisd.commands.common import add_method_arguments
+
+    add_method_arguments(p, method=False)
+    p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
+    p.add_argument("--episodes", type=int, default=20, help="episodes per task and method")
+    p.add_argument("--seed", type=int, default=0, help="evaluation layout seed (same for every method)")
+    p.add_argument("--max-steps", type=int, default=300, help="environment steps per episode")
+    p.add_argument("--thresholds", type=float, nargs="*", default=[],
+                   help="extra heisd runs at these kinematic thresholds (points on the Pareto plot)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"preset: 3 tasks, 2 episodes each, 150 steps (under ~10 minutes on 2 CPU cores)")
+    p.add_argument("--out", required=True, help="output directory (each method's eval resumes from it)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import shlex
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+
+    from heisd.benchmarks.mw import TASKS, check_task
+    from heisd.commands.common import load_policy, method_config
+    from heisd.runtime.bench import QUICK_TASKS, ladder, report_table, run_bench, write_report
+    from heisd.runtime.evaluation import EvalConfig
+
+    if args.quick:
+        tasks, episodes, max_steps = QUICK_TASKS, 2, 150
+    else:
+        tasks = tuple(TASKS) if args.tasks == ["all"] else tuple(args.tasks)
+        episodes, max_steps = args.episodes, args.max_steps
+    for t in tasks:
+        check_task(t)
+    if episodes < 1:
+        raise SystemExit("--episodes must be >= 1")
+    base = method_config(args, "heisd")
+    configs = ladder(base) + [replace(base, switch_threshold=t) for t in args.thresholds]
+    vla = load_policy(args, method_config(args, "ar")).vla
+    cfg = EvalConfig(tasks, episodes, args.seed, max_steps)
+    out = Path(args.out)
+    summaries = run_bench(vla, configs, cfg, out)
+    report = write_report(summaries, out, "heisd " + shlex.join(sys.argv[1:]), cfg)
+    print(report_table(summaries))
+    print(f"report: {report}")
+    print("plots: " + ", ".join(str(p) for p in sorted(out.glob("*.png"))))
+    return 0

@@ -1,0 +1,89 @@
+"""`heisd bench`: every method on identical seeds in one run, the table and the plots.
+
+The ablation ladder of the paper (DESIGN 2.5) is three configurations of `heisd`:
+metric only (kinematic switch, retrieval drafts checked exactly, never skipped) ->
++ verify-skip -> + group acceptance (= full HeiSD).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from heisd.runtime.evaluation import EvalConfig, evaluate
+from heisd.runtime.methods import MethodConfig, build_decoders
+from heisd.runtime.policy import VLAPolicy
+
+QUICK_TASKS = ("reach-v3", "drawer-close-v3", "button-press-topdown-v3")
+
+
+def ladder(base: MethodConfig) -> list[MethodConfig]:
+    """All methods and the ablation rungs, from one set of resources and settings."""
+    plain = replace(base, verify_skip=True, group_acceptance=True, metric_only=False)
+    configs = [replace(plain, method=m) for m in ("ar", "specvla", "specvla-relaxed", "retrieval")]
+    configs += [
+        replace(plain, method="heisd", metric_only=True),
+        replace(plain, method="heisd", group_acceptance=False),
+        replace(plain, method="heisd"),
+    ]
+    return configs
+
+
+def run_bench(vla, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True) -> list[dict]:
+    """Evaluate each configuration into out/<label>/ (each resumable); AR first, for the speedups."""
+    if configs[0].method != "ar":
+        raise ValueError("the first configuration must be AR: speedups are ratios to it")
+    summaries = []
+    for mc in configs:
+        policy = VLAPolicy(vla, build_decoders(mc, vla))
+        folder = mc.label.replace("+", "_").replace("@", "_t")
+        summary = evaluate(policy, mc.label, cfg, out / folder, progress)
+        summary["dir"] = folder
+        summary["config"] = {k: v for k, v in mc.__dict__.items() if k not in ("drafter", "datastore")}
+        summaries.append(summary)
+    ar = summaries[0]["latency_ms"]["median"]
+    for s in summaries:
+        s["speedup"] = ar / s["latency_ms"]["median"]
+    (out / "bench.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    return summaries
+
+
+def report_table(summaries: list[dict]) -> str:
+    head = ("| method | SR (episodes) | speedup | AL | target fwd | latency median / p90 ms | skip rate "
+            "| retrieval frac | vision / prefill / retrieval / draft / verify / other ms |")
+    rows = [head, "|" + "---|" * 9]
+    for s in summaries:
+        b = s["breakdown_ms"]
+        rows.append(
+            f"| {s['method']} | {100 * s['sr']:.1f}% ({s['episodes']}) | {s['speedup']:.2f}x | "
+            f"{s['acceptance_length']:.2f} | {s['target_forwards']:.2f} | "
+            f"{s['latency_ms']['median']:.1f} / {s['latency_ms']['p90']:.1f} | {s['skip_rate']:.2f} | "
+            f"{s['retrieval_fraction']:.2f} | "
+            + " / ".join(f"{b[k]:.1f}" for k in ("vision", "prefill", "retrieval", "draft", "verify", "other"))
+            + " |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig) -> Path:
+    from heisd.runtime.plots import plot_all
+
+    plots = plot_all(summaries, out)
+    per_task = sorted({t for s in summaries for t in s["per_task"]})
+    task_rows = ["| method | " + " | ".join(per_task) + " |", "|" + "---|" * (len(per_task) + 1)]
+    for s in summaries:
+        task_rows.append(f"| {s['method']} | " + " | ".join(
+            f"{100 * s['per_task'][t]['sr']:.0f}% ({s['per_task'][t]['episodes']})" if t in s["per_task"] else "-"
+            for t in per_task) + " |")
+    text = (
+        f"# heisd bench\n\nCommand: `{command}`\n\n"
+        f"Tasks: {', '.join(cfg.tasks)}; {cfg.episodes} episodes per task; evaluation seed {cfg.seed}; "
+        f"max {cfg.max_steps} env steps. Speedup = AR median latency / method median latency, same run.\n\n"
+        + report_table(summaries)
+        + "\n## Success per task\n\n" + "\n".join(task_rows) + "\n\n## Plots\n\n"
+        + "".join(f"![{p.stem}]({p.name})\n" for p in plots)
+    )
+    path = out / "report.md"
+    path.write_text(text)
+    return path

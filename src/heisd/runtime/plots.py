@@ -1,0 +1,95 @@
+"""Bench plots (PNG): the success/speed Pareto view, one episode's path by decoding mode, AL per method."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def plot_all(summaries: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    paths = [_pareto(summaries, out), _acceptance(summaries, out)]
+    path = _mode_path(summaries, out)
+    if path is not None:
+        paths.append(path)
+    return paths
+
+
+def _pareto(summaries: list[dict], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for s in summaries:
+        ax.scatter(s["speedup"], 100 * s["sr"], s=40)
+        ax.annotate(s["method"], (s["speedup"], 100 * s["sr"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.set_xlabel("speedup vs AR (median latency, same run)")
+    ax.set_ylabel("success rate (%)")
+    ax.set_title(f"success vs speed ({summaries[0]['episodes']} episodes per method)")
+    ax.grid(alpha=0.3)
+    path = out / "pareto.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _acceptance(summaries: list[dict], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [s["method"] for s in summaries]
+    ax.bar(range(len(names)), [s["acceptance_length"] for s in summaries], color="tab:blue")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("action tokens per target forward")
+    ax.set_title("acceptance length by method")
+    path = out / "acceptance_length.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _mode_path(summaries: list[dict], out: Path) -> Path | None:
+    """The first successful full-HeiSD episode: its path colored by mode, and F over time."""
+    import matplotlib.pyplot as plt
+
+    full = [s for s in summaries if s["config"]["method"] == "heisd" and not s["config"]["metric_only"]
+            and s["config"]["verify_skip"] and s["config"]["group_acceptance"]]
+    if not full:
+        return None
+    episodes_file = out / full[-1]["dir"] / "episodes.jsonl"
+    if not episodes_file.exists():
+        return None
+    episodes = [json.loads(line) for line in episodes_file.read_text().splitlines()]
+    episode = next((e for e in episodes if e["success"]), episodes[0] if episodes else None)
+    if episode is None:
+        return None
+    steps = episode["steps"]
+    xyz = np.asarray(steps["ee_pos"])
+    retrieval = np.asarray(steps["mode"]) == "retrieval"
+    metric = [np.nan if m is None else m for m in steps["metric"]]
+    fig = plt.figure(figsize=(10, 4))
+    ax = fig.add_subplot(1, 2, 1, projection="3d")
+    ax.plot(*xyz.T, color="0.7", lw=1)
+    ax.scatter(*xyz[retrieval].T, color="tab:orange", s=12, label="retrieval SD")
+    ax.scatter(*xyz[~retrieval].T, color="tab:blue", s=12, label="drafter SD")
+    ax.set_title(f"{episode['task']} episode {episode['episode']}: end-effector path")
+    ax.legend(fontsize=7)
+    ax2 = fig.add_subplot(1, 2, 2)
+    ax2.plot(metric, color="k", lw=1)
+    ax2.scatter(np.flatnonzero(retrieval), np.asarray(metric)[retrieval], color="tab:orange", s=10)
+    threshold = full[-1]["config"]["switch_threshold"]
+    if threshold is not None:
+        ax2.axhline(threshold, color="r", ls="--", lw=1)
+    ax2.set_xlabel("control step")
+    ax2.set_ylabel("kinematic metric F[w]")
+    ax2.set_title("F over time (orange: retrieval mode)")
+    path = out / "heisd_episode_modes.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,58 @@
+"""`heisd bench` end to end on a tiny configuration: every method, one report, the plots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import tiny_vla, write_demo_file
+
+from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
+from heisd.retrieval import build_datastore
+from heisd.runtime.bench import ladder, run_bench, write_report
+from heisd.runtime.evaluation import EvalConfig
+from heisd.runtime.methods import MethodConfig
+
+
+@pytest.fixture(scope="module")
+def resources(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    vla = tiny_vla()
+    target = DrafterTarget.from_vla(vla)
+    Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp / "drafter")
+    write_demo_file(tmp / "demos.hdf5", ["reach-v3", "drawer-close-v3"], episodes=2, steps=20)
+    build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")
+    return vla, tmp
+
+
+def test_bench_quick_smoke(resources):
+    vla, tmp = resources
+    base = MethodConfig("heisd", drafter=str(tmp / "drafter"), datastore=str(tmp / "datastore"),
+                        switch_threshold=0.3)
+    configs = ladder(base)
+    labels = [c.label for c in configs]
+    assert labels == ["ar", "specvla", "specvla-relaxed", "retrieval", "heisd+metric-only@0.3",
+                      "heisd+no-group@0.3", "heisd@0.3"]
+    cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=8, image_size=32)
+    out = tmp / "out"
+    summaries = run_bench(vla, configs, cfg, out, progress=False)
+    assert [s["method"] for s in summaries] == labels
+    assert summaries[0]["speedup"] == 1.0
+    for s in summaries:
+        assert s["episodes"] == 1 and s["speedup"] > 0
+    assert summaries[3]["retrieval_fraction"] == 1.0  # retrieval SD everywhere
+    assert summaries[0]["acceptance_length"] == 1.0  # AR
+    report = write_report(summaries, out, "heisd bench --quick", cfg)
+    text = report.read_text()
+    for label in labels:
+        assert f"| {label} |" in text
+    assert json.loads((out / "bench.json").read_text())[0]["method"] == "ar"
+    for plot in ("pareto.png", "acceptance_length.png", "heisd_episode_modes.png"):
+        assert (out / plot).stat().st_size > 0
+
+
+def test_bench_needs_ar_first(resources):
+    vla, tmp = resources
+    with pytest.raises(ValueError, match="first configuration must be AR"):
+        run_bench(vla, [MethodConfig("specvla", drafter=str(tmp / "drafter"))],
+                  EvalConfig(("reach-v3",), 1), tmp / "x", progress=False)
