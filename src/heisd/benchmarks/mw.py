@@ -11,9 +11,9 @@ different seeds, so no evaluation layout was ever seen in a demonstration.
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco is imported
 
@@ -128,7 +128,9 @@ class MetaWorldEnv(gym.Env):
         return {"success": success, "ee_pos": sim_obs[:3].astype(np.float32), "sim_obs": sim_obs}
 
 
-@lru_cache(maxsize=None)
+_SIMULATORS: dict[tuple[str, int, str], object] = {}  # the per-process cache of _raw_env
+
+
 def _raw_env(task: str, image_size: int, camera: str):
     """One simulator per (task, size, camera) per process, never closed.
 
@@ -137,6 +139,17 @@ def _raw_env(task: str, image_size: int, camera: str):
     With several alive, `render` must make its own context current first (else it draws
     with another model's context: garbage frames).
     """
+    key = (task, image_size, camera)
+    if key not in _SIMULATORS:
+        _SIMULATORS[key] = _make_simulator(task, image_size, camera)
+        if len(_SIMULATORS) == 1:
+            # registered after mujoco.egl's own exit hook (which terminates the EGL display and
+            # is registered when the first renderer is made), so ours runs first: atexit is LIFO
+            atexit.register(_close_simulators)
+    return _SIMULATORS[key]
+
+
+def _make_simulator(task: str, image_size: int, camera: str):
     import metaworld
     import mujoco
 
@@ -151,6 +164,14 @@ def _raw_env(task: str, image_size: int, camera: str):
     viewer = env.mujoco_renderer._get_viewer("rgb_array")
     viewer.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
     return env
+
+
+def _close_simulators() -> None:
+    # Free the GL contexts while the interpreter is whole; left to garbage collection at
+    # shutdown, MuJoCo's EGL destructors print a traceback for every simulator.
+    while _SIMULATORS:
+        _, env = _SIMULATORS.popitem()
+        env.close()
 
 
 def expert_policy(task: str):
