@@ -58,6 +58,14 @@ def check_task(task: str) -> TaskSpec:
     return TASKS[task]
 
 
+def resolve_tasks(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Command-line task names ('all' = the registry), each checked."""
+    tasks = tuple(TASKS) if list(names) == ["all"] else tuple(names)
+    for t in tasks:
+        check_task(t)
+    return tasks
+
+
 class MetaWorldEnv(gym.Env):
     """One Meta-World task with seeded layouts and a fast headless renderer."""
 

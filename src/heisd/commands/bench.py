@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thresholds", type=float, nargs="*", default=[],
                    help="extra heisd runs at these kinematic thresholds (points on the Pareto plot)")
     p.add_argument("--quick", action="store_true",
-                   help=f"preset: 3 tasks, 2 episodes each, 150 steps (under ~10 minutes on 2 CPU cores)")
+                   help="preset: 3 tasks, 2 episodes each, 150 steps (under ~10 minutes on 2 CPU cores)")
     p.add_argument("--out", required=True, help="output directory (each method's eval resumes from it)")
 
 
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from heisd.benchmarks.mw import TASKS, check_task
+    from heisd.benchmarks.mw import resolve_tasks
     from heisd.commands.common import load_policy, method_config
     from heisd.runtime.bench import QUICK_TASKS, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig
@@ -36,10 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         tasks, episodes, max_steps = QUICK_TASKS, 2, 150
     else:
-        tasks = tuple(TASKS) if args.tasks == ["all"] else tuple(args.tasks)
+        tasks = resolve_tasks(args.tasks)
         episodes, max_steps = args.episodes, args.max_steps
-    for t in tasks:
-        check_task(t)
     if episodes < 1:
         raise SystemExit("--episodes must be >= 1")
     base = method_config(args, "heisd")

@@ -22,12 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from heisd.benchmarks.mw import TASKS, check_task
+    from heisd.benchmarks.mw import resolve_tasks
     from heisd.data.demos import DemoConfig, generate_demos
 
-    tasks = tuple(TASKS) if args.tasks == ["all"] else tuple(args.tasks)
-    for t in tasks:
-        check_task(t)
+    tasks = resolve_tasks(args.tasks)
     if args.episodes < 1:
         raise SystemExit("--episodes must be >= 1")
     if args.noise < 0:

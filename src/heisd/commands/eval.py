@@ -23,13 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from heisd.benchmarks.mw import TASKS, check_task
+    from heisd.benchmarks.mw import resolve_tasks
     from heisd.commands.common import load_policy, method_config
     from heisd.runtime.evaluation import EvalConfig, evaluate
 
-    tasks = tuple(TASKS) if args.tasks == ["all"] else tuple(args.tasks)
-    for t in tasks:
-        check_task(t)
+    tasks = resolve_tasks(args.tasks)
     if args.episodes < 1:
         raise SystemExit("--episodes must be >= 1")
     cfg = method_config(args)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
