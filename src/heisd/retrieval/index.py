@@ -122,3 +122,28 @@ def benchmark_index(n_entries: int, key_dim: int, k: int = 8, n_queries: int = 2
         "query_p90_ms": float(np.percentile(times, 90) * 1e3),
         "recall_at_k": recall,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m heisd.retrieval.index`: the index micro-benchmark as a markdown table."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--entries", type=int, nargs="+", default=[10_000, 100_000], help="index sizes")
+    p.add_argument("--key-dim", type=int, default=512, help="key dimension (the shipped target's pooled feature)")
+    p.add_argument("--kind", default="auto", choices=["auto", "flat", "hnsw"], help="index kind")
+    p.add_argument("--ef-search", type=int, default=64, help="HNSW efSearch")
+    p.add_argument("--queries", type=int, default=500, help="single queries timed per size")
+    args = p.parse_args(argv)
+    print("| entries | key dim | index | build s | bytes/entry | query p50 ms | query p90 ms | recall@8 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.entries:
+        r = benchmark_index(n, args.key_dim, n_queries=args.queries,
+                            config=IndexConfig(kind=args.kind, ef_search=args.ef_search))
+        print(f"| {n} | {args.key_dim} | {r['kind']} | {r['build_s']:.2f} | {r['bytes_per_entry']:.0f} | "
+              f"{r['query_p50_ms']:.3f} | {r['query_p90_ms']:.3f} | {r['recall_at_k']:.3f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
