@@ -141,6 +141,7 @@ def test_save_load_round_trip(tmp_path):
     model.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.json", "model.safetensors", "norm_stats.json", "tokenizer.json"]
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in tmp_path.iterdir())
     loaded = VLA.from_pretrained(tmp_path)
     images, prompt, state, actions = inputs(model)
     with torch.no_grad():

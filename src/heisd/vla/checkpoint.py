@@ -48,6 +48,7 @@ def save_vla(model: "VLA", directory: Path) -> None:
         model.text_tokenizer.save(tmp / TOKENIZER_FILE)
         save_file(_state(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         for name in CHECKPOINT_FILES:
+            os.chmod(tmp / name, 0o644)  # safetensors writes 0600; checkpoints are shared read-only
             os.replace(tmp / name, directory / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
