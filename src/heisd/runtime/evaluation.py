@@ -104,4 +104,5 @@ def run_episode(env, policy: VLAPolicy, layout_seed: int, execute: int = 0) -> d
     policy.end_episode(success)
     steps = episode_steps(records)
     steps["ee_pos"] = ee_path  # where each control step started: the plots color it by mode
-    return {"success": bool(success), "env_steps": env_steps, "steps": steps}
+    return {"success": bool(success), "env_steps": env_steps, "layout": [round(float(x), 6) for x in env.layout],
+            "steps": steps}
