@@ -11,7 +11,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from heisd.runtime.evaluation import EvalConfig, evaluate
+from heisd.runtime.evaluation import EvalConfig, EvalRun
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.policy import VLAPolicy
 
@@ -31,15 +31,28 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
 
 
 def run_bench(vla, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True) -> list[dict]:
-    """Evaluate each configuration into out/<label>/ (each resumable); AR first, for the speedups."""
+    """Evaluate each configuration into out/<label>/ (each resumable).
+
+    Methods take turns episode by episode rather than one after the other, so a change in
+    machine load during the run (this machine is shared) hits every method alike and the
+    speedups, ratios to AR's latency, stay like-for-like.
+    """
+    from tqdm import tqdm
+
     if configs[0].method != "ar":
         raise ValueError("the first configuration must be AR: speedups are ratios to it")
+    runs = [EvalRun(mc.label, cfg, out / _folder(mc)) for mc in configs]
+    policies = [VLAPolicy(vla, build_decoders(mc, vla)) for mc in configs]
+    pending = [set(run.pending()) for run in runs]
+    jobs = [(t, i, k) for t in cfg.tasks for i in range(cfg.episodes) for k in range(len(runs)) if (t, i) in pending[k]]
+    bar = tqdm(jobs, desc="bench", unit="ep", disable=not progress)
+    for task, i, k in bar:
+        bar.set_postfix(method=runs[k].label, task=task)
+        runs[k].run(policies[k], task, i)
     summaries = []
-    for mc in configs:
-        policy = VLAPolicy(vla, build_decoders(mc, vla))
-        folder = mc.label.replace("+", "_").replace("@", "_t")
-        summary = evaluate(policy, mc.label, cfg, out / folder, progress)
-        summary["dir"] = folder
+    for mc, run in zip(configs, runs):
+        summary = run.summary()
+        summary["dir"] = _folder(mc)
         summary["config"] = {k: v for k, v in mc.__dict__.items() if k not in ("drafter", "datastore")}
         summaries.append(summary)
     ar = summaries[0]["latency_ms"]["median"]
@@ -47,6 +60,10 @@ def run_bench(vla, configs: list[MethodConfig], cfg: EvalConfig, out: Path, prog
         s["speedup"] = ar / s["latency_ms"]["median"]
     (out / "bench.json").write_text(json.dumps(summaries, indent=2) + "\n")
     return summaries
+
+
+def _folder(mc: MethodConfig) -> str:
+    return mc.label.replace("+", "_").replace("@", "_t")
 
 
 def report_table(summaries: list[dict]) -> str:

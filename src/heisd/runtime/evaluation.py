@@ -59,33 +59,54 @@ def _check_run(out: Path, run: dict) -> None:
         path.write_text(json.dumps(run, indent=2) + "\n")
 
 
-def evaluate(policy: VLAPolicy, method_label: str, cfg: EvalConfig, out: Path, progress: bool = True) -> dict:
-    from tqdm import tqdm
+class EvalRun:
+    """One method's evaluation directory: what is done, what is pending, one episode at a time."""
 
-    from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
-    from heisd.data.demos import episode_seed
+    def __init__(self, label: str, cfg: EvalConfig, out: Path):
+        self.label, self.cfg, self.out = label, cfg, out
+        out.mkdir(parents=True, exist_ok=True)
+        _check_run(out, {"method": label, "benchmark": "mw", **asdict(cfg)})
+        self.done = read_episodes(out / "episodes.jsonl")
 
-    out.mkdir(parents=True, exist_ok=True)
-    _check_run(out, {"method": method_label, "benchmark": "mw", **asdict(cfg)})
-    episodes_path = out / "episodes.jsonl"
-    done = read_episodes(episodes_path)
-    finished = {(e["task"], e["episode"]) for e in done}
-    todo = [(t, i) for t in cfg.tasks for i in range(cfg.episodes) if (t, i) not in finished]
-    bar = tqdm(todo, desc=f"eval {method_label}", unit="ep", disable=not progress)
-    with open(episodes_path, "a") as log:
-        for task, i in bar:
-            env = MetaWorldEnv(task, MWConfig(cfg.image_size, cfg.camera, cfg.max_steps))
-            layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
-            line = run_episode(env, policy, layout_seed, cfg.execute)
-            line.update(task=task, episode=i, layout_seed=layout_seed)
-            done.append(line)
+    def pending(self) -> list[tuple[str, int]]:
+        finished = {(e["task"], e["episode"]) for e in self.done}
+        return [(t, i) for t in self.cfg.tasks for i in range(self.cfg.episodes) if (t, i) not in finished]
+
+    def run(self, policy: VLAPolicy, task: str, i: int) -> dict:
+        from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
+        from heisd.data.demos import episode_seed
+
+        cfg = self.cfg
+        env = MetaWorldEnv(task, MWConfig(cfg.image_size, cfg.camera, cfg.max_steps))
+        layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
+        line = run_episode(env, policy, layout_seed, cfg.execute)
+        line.update(task=task, episode=i, layout_seed=layout_seed)
+        with open(self.out / "episodes.jsonl", "a") as log:
             log.write(json.dumps(line) + "\n")
             log.flush()
             os.fsync(log.fileno())
-            bar.set_postfix(sr=f"{sum(e['success'] for e in done) / len(done):.2f}")
-    summary = summarize(method_label, "mw", done)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+        self.done.append(line)
+        return line
+
+    @property
+    def sr(self) -> float:
+        return sum(e["success"] for e in self.done) / max(len(self.done), 1)
+
+    def summary(self) -> dict:
+        summary = summarize(self.label, "mw", self.done)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def evaluate(policy: VLAPolicy, method_label: str, cfg: EvalConfig, out: Path, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    run = EvalRun(method_label, cfg, out)
+    bar = tqdm(run.pending(), desc=f"eval {method_label}", unit="ep", disable=not progress)
+    for task, i in bar:
+        run.run(policy, task, i)
+        bar.set_postfix(sr=f"{run.sr:.2f}")
+    return run.summary()
 
 
 def run_episode(env, policy: VLAPolicy, layout_seed: int, execute: int = 0) -> dict:
