@@ -19,6 +19,15 @@ def plot_all(summaries: list[dict], out: Path) -> list[Path]:
     return paths
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _pareto(summaries: list[dict], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -30,11 +39,7 @@ def _pareto(summaries: list[dict], out: Path) -> Path:
     ax.set_ylabel("success rate (%)")
     ax.set_title(f"success vs speed ({summaries[0]['episodes']} episodes per method)")
     ax.grid(alpha=0.3)
-    path = out / "pareto.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "pareto.png")
 
 
 def _acceptance(summaries: list[dict], out: Path) -> Path:
@@ -46,11 +51,7 @@ def _acceptance(summaries: list[dict], out: Path) -> Path:
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("action tokens per target forward")
     ax.set_title("acceptance length by method")
-    path = out / "acceptance_length.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "acceptance_length.png")
 
 
 def _mode_path(summaries: list[dict], out: Path) -> Path | None:
@@ -88,8 +89,4 @@ def _mode_path(summaries: list[dict], out: Path) -> Path | None:
     ax2.set_xlabel("control step")
     ax2.set_ylabel("kinematic metric F[w]")
     ax2.set_title("F over time (orange: retrieval mode)")
-    path = out / "heisd_episode_modes.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "heisd_episode_modes.png")
