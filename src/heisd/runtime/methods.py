@@ -30,6 +30,7 @@ class MethodConfig:
     retrieval_k: int = 8  # Top-K results per query
     retrieval_budget: int = 32  # retrieval tree: total nodes
     payload: str = "own"  # retrieval drafts from the target's own tokens, demo tokens, or both
+    retrieval_fallback: str = "drafter"  # after a rejected retrieval group: "drafter" SD or plain "ar"
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
     group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
     switch_threshold: float | None = None  # heisd: override the calibrated kinematic threshold
@@ -42,6 +43,8 @@ class MethodConfig:
             raise ValueError(f"method {self.method} needs a drafter (--drafter DIR)")
         if self.method in ("retrieval", "heisd") and not self.datastore:
             raise ValueError(f"method {self.method} needs a datastore (--datastore DIR)")
+        if self.retrieval_fallback not in ("drafter", "ar"):
+            raise ValueError(f"retrieval_fallback must be 'drafter' or 'ar', got {self.retrieval_fallback!r}")
         if self.relaxed_r < 0:
             raise ValueError(f"relaxed_r must be >= 0, got {self.relaxed_r}")
         if self.switch_threshold is not None and self.switch_threshold < 0:
@@ -59,6 +62,8 @@ class MethodConfig:
                     parts.append("no-skip")
                 if not self.group_acceptance:
                     parts.append("no-group")
+            if self.retrieval_fallback == "ar":
+                parts.append("ar-fallback")
         label = "+".join(parts)
         return f"{label}@{self.switch_threshold:g}" if self.method == "heisd" and self.switch_threshold is not None else label
 
@@ -89,7 +94,8 @@ def build_decoders(cfg: MethodConfig, vla) -> Decoders:
     if cfg.method in ("specvla", "specvla-relaxed"):
         rule = TokenRelaxedAcceptance(cfg.relaxed_r) if cfg.method == "specvla-relaxed" else ExactAcceptance()
         return Decoders({"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None, None)
-    retrieval, rule = _retrieval_proposer(cfg, vla, fallback=drafter, vocab=SpeculativeDecoder(verifier, dcfg).vocab)
+    fallback = drafter if cfg.retrieval_fallback == "drafter" else None
+    retrieval, rule = _retrieval_proposer(cfg, vla, fallback=fallback, vocab=SpeculativeDecoder(verifier, dcfg).vocab)
     by_mode = {"retrieval": SpeculativeDecoder(verifier, dcfg, retrieval, rule)}
     if cfg.method == "retrieval":
         return Decoders(by_mode, None, retrieval)
