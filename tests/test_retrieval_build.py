@@ -16,37 +16,26 @@ import numpy as np
 import pytest
 import torch
 
+import helpers
+
 from heisd.cli import main
 from heisd.data.dataset import DemoFile
 from heisd.decoding import DecodeConfig, SpeculativeDecoder, Verifier
 from heisd.kinematics import KinematicConfig, KinematicStats
 from heisd.retrieval import DatastoreError
 from heisd.retrieval.build import KINEMATIC_STATS_KEY, demo_tokens, encode_frames, open_datastore
-from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
+from heisd.vla import VLA
 from heisd.vla.frames import chunk_targets
 
 torch.set_num_threads(1)
 faiss.omp_set_num_threads(1)
 
 INSTRUCTIONS = {"reach": "reach the goal", "push": "push the puck to the goal"}
-TINY = {"hidden_size": 32, "n_layers": 1, "n_heads": 4, "intermediate_size": 64, "image_size": 16,
-        "vision_channels": (8, 16), "max_positions": 64}
 EPISODES, STEPS = 4, 18  # 18 >= the kinematic window (15)
 
 
 def tiny_vla(seed: int = 0) -> VLA:
-    """Random tiny VLA whose greedy tokens are always action tokens, with wide logit margins
-    (so batched and single-row greedy decoding agree)."""
-    torch.manual_seed(seed)
-    text = TextTokenizer.train(list(INSTRUCTIONS.values()))
-    norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(4), state_std=np.ones(4))
-    vla = VLA(VLAConfig(text_vocab_size=text.vocab_size, **TINY), norm, text).eval()
-    with torch.no_grad():
-        w = vla.llm.lm_head.weight
-        w.normal_(0.0, 3.0)
-        w[: vla.config.vocab_size - vla.config.n_bins] = 0.0  # text ids and pad rows never win
-        w[vla.config.vocab_size :] = 0.0
-    return vla
+    return helpers.tiny_vla(seed, list(INSTRUCTIONS.values()))
 
 
 def write_demos(path: Path, episodes: int = EPISODES, steps: int = STEPS, seed: int = 0,
