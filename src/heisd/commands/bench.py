@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.benchmarks.mw import resolve_tasks
-    from heisd.commands.common import load_policy, method_config
+    from heisd.commands.common import load_target, method_config
     from heisd.runtime.bench import QUICK_TASKS, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--episodes must be >= 1")
     base = method_config(args, "heisd")
     configs = ladder(base) + [replace(base, switch_threshold=t) for t in args.thresholds]
-    vla = load_policy(args, method_config(args, "ar")).vla
+    vla = load_target(args)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps)
     out = Path(args.out)
     summaries = run_bench(vla, configs, cfg, out)

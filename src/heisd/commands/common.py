@@ -46,15 +46,22 @@ def method_config(args: argparse.Namespace, method: str | None = None):
     )
 
 
-def load_policy(args: argparse.Namespace, cfg):
-    """Target + decoders for one method; errors name the file that is wrong."""
+def load_target(args: argparse.Namespace):
+    """The target VLA in eval mode, on `--threads` CPU threads; errors name the file that is wrong."""
     import torch
 
-    from heisd.runtime.methods import build_decoders
-    from heisd.runtime.policy import VLAPolicy
     from heisd.vla.model import VLA
 
     torch.set_num_threads(args.threads)
     vla = VLA.from_pretrained(args.target)
     vla.eval()
+    return vla
+
+
+def load_policy(args: argparse.Namespace, cfg):
+    """Target + decoders for one method."""
+    from heisd.runtime.methods import build_decoders
+    from heisd.runtime.policy import VLAPolicy
+
+    vla = load_target(args)
     return VLAPolicy(vla, build_decoders(cfg, vla))

@@ -22,19 +22,36 @@ def episode_steps(records: list[StepRecord]) -> dict:
     }
 
 
+def latency_stats(values) -> dict:
+    values = np.asarray(values, dtype=float)
+    return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90))}
+
+
+def decoding_metrics(step_lists: list[dict]) -> dict:
+    """Decoding numbers pooled over all control steps of `episode_steps` dicts."""
+    pooled = lambda key: np.concatenate([np.asarray(s[key], dtype=float) for s in step_lists])  # noqa: E731
+    latency = pooled("latency_ms")
+    return {
+        "control_steps": int(len(latency)),
+        "latency_ms": latency_stats(latency),
+        "breakdown_ms": {k: float(np.mean(np.concatenate([s["breakdown_ms"][k] for s in step_lists])))
+                         for k in BREAKDOWN_KEYS},
+        "target_forwards": float(pooled("target_forwards").mean()),
+        "acceptance_length": float(pooled("acceptance_length").mean()),
+        "skip_rate": float(pooled("skipped").mean()),
+        "retrieval_fraction": float(np.mean(np.concatenate([np.asarray(s["mode"]) for s in step_lists]) == "retrieval")),
+    }
+
+
 def summarize(method: str, benchmark: str, episodes: list[dict]) -> dict:
     """summary.json from episode lines: every number pooled over all control steps."""
     if not episodes:
         raise ValueError("no finished episodes to summarize")
-    steps = [e["steps"] for e in episodes]
-    latency = np.concatenate([s["latency_ms"] for s in steps])
     per_task: dict[str, dict] = {}
     for e in episodes:
         t = per_task.setdefault(e["task"], {"successes": 0, "episodes": 0})
         t["successes"] += int(e["success"])
         t["episodes"] += 1
-    pooled = lambda key: np.concatenate([np.asarray(s[key], dtype=float) for s in steps])  # noqa: E731
-    modes = np.concatenate([np.asarray(s["mode"]) for s in steps])
     return {
         "method": method,
         "benchmark": benchmark,
@@ -42,12 +59,5 @@ def summarize(method: str, benchmark: str, episodes: list[dict]) -> dict:
         "sr": float(np.mean([e["success"] for e in episodes])),
         "per_task": {k: {"sr": v["successes"] / v["episodes"], "episodes": v["episodes"]}
                      for k, v in sorted(per_task.items())},
-        "control_steps": int(len(latency)),
-        "latency_ms": {"median": float(np.median(latency)), "p90": float(np.percentile(latency, 90))},
-        "breakdown_ms": {k: float(np.mean(np.concatenate([s["breakdown_ms"][k] for s in steps])))
-                         for k in BREAKDOWN_KEYS},
-        "target_forwards": float(pooled("target_forwards").mean()),
-        "acceptance_length": float(pooled("acceptance_length").mean()),
-        "skip_rate": float(pooled("skipped").mean()),
-        "retrieval_fraction": float(np.mean(modes == "retrieval")),
+        **decoding_metrics([e["steps"] for e in episodes]),
     }

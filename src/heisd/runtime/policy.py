@@ -67,7 +67,7 @@ class VLAPolicy:
         cfg = self.vla.config
         actions = self.vla.action_tokenizer.decode(np.asarray(result.tokens).reshape(cfg.chunk, cfg.action_dim))
         t2 = time.perf_counter()
-        retrieval_ms, skipped = self._retrieval_stats(mode)
+        retrieval_ms = self._retrieval_ms(mode)
         timing = result.timing
         breakdown = {
             "vision": (t1 - t0) * 1e3,
@@ -81,7 +81,7 @@ class VLAPolicy:
         record = StepRecord(
             tokens=list(result.tokens), latency_ms=(t2 - t0) * 1e3, breakdown_ms=breakdown,
             target_forwards=result.target_forwards, acceptance_length=result.acceptance_length,
-            skipped=skipped, mode=mode, metric=metric, deviation=result.deviation,
+            skipped=result.skipped_tokens > 0, mode=mode, metric=metric, deviation=result.deviation,
         )
         return actions, record
 
@@ -92,8 +92,8 @@ class VLAPolicy:
         mode = self.decoders.switch.mode(self._tracker)
         return mode, self.decoders.switch.last_metric
 
-    def _retrieval_stats(self, mode: str) -> tuple[float, bool]:
+    def _retrieval_ms(self, mode: str) -> float:
         retrieval = self.decoders.retrieval
         if mode != "retrieval" or retrieval is None or retrieval.last_step is None:
-            return 0.0, False
-        return retrieval.last_step.retrieval_ms, retrieval.last_step.skipped
+            return 0.0
+        return retrieval.last_step.retrieval_ms

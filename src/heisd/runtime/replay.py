@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heisd.runtime.metrics import BREAKDOWN_KEYS
+from heisd.runtime.metrics import decoding_metrics, episode_steps, latency_stats
 from heisd.runtime.policy import VLAPolicy
 
 
@@ -58,23 +58,14 @@ def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: li
         rows.append((rec, (ours != greedy).mean(), bins.mean(), bins.max(), ep.task))
     if not rows:
         raise ValueError(f"no frames to replay in {[str(p) for p in paths]}")
-    recs = [r[0] for r in rows]
-    latency = np.array([r.latency_ms for r in recs])
-    ar_latency = np.array(ar_latencies)
-    return {
-        "method": method_label,
-        "frames": len(rows),
-        "tasks": sorted({r[4] for r in rows}),
-        "acceptance_length": float(np.mean([r.acceptance_length for r in recs])),
-        "target_forwards": float(np.mean([r.target_forwards for r in recs])),
-        "latency_ms": {"median": float(np.median(latency)), "p90": float(np.percentile(latency, 90))},
-        # the AR reference decoded the same frames in the same run: a like-for-like speedup
-        "ar_latency_ms": {"median": float(np.median(ar_latency)), "p90": float(np.percentile(ar_latency, 90))},
-        "speedup": float(np.median(ar_latency) / np.median(latency)),
-        "breakdown_ms": {k: float(np.mean([r.breakdown_ms[k] for r in recs])) for k in BREAKDOWN_KEYS},
-        "token_mismatch_rate": float(np.mean([r[1] for r in rows])),
-        "mean_bin_deviation": float(np.mean([r[2] for r in rows])),
-        "max_bin_deviation": int(max(r[3] for r in rows)),
-        "skip_rate": float(np.mean([r.skipped for r in recs])),
-        "retrieval_fraction": float(np.mean([r.mode == "retrieval" for r in recs])),
-    }
+    ar = latency_stats(ar_latencies)
+    result = {"method": method_label, "frames": len(rows), "tasks": sorted({r[4] for r in rows}),
+              **decoding_metrics([episode_steps([r[0] for r in rows])])}
+    # the AR reference decoded the same frames in the same run: a like-for-like speedup
+    result.update(ar_latency_ms=ar, speedup=ar["median"] / result["latency_ms"]["median"])
+    result.update(
+        token_mismatch_rate=float(np.mean([r[1] for r in rows])),
+        mean_bin_deviation=float(np.mean([r[2] for r in rows])),
+        max_bin_deviation=int(max(r[3] for r in rows)),
+    )
+    return result
