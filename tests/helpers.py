@@ -8,20 +8,20 @@ import h5py
 import numpy as np
 import torch
 
-from heisd.benchmarks.mw import TASKS
+from heisd.benchmarks.mw import STATE_DIM, TASKS
 from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
 
 TINY = {"hidden_size": 32, "n_layers": 1, "n_heads": 4, "intermediate_size": 64, "image_size": 16,
         "vision_channels": (8, 16), "max_positions": 64}
 
 
-def tiny_vla(seed: int = 0, instructions: list[str] | None = None) -> VLA:
+def tiny_vla(seed: int = 0, instructions: list[str] | None = None, state_dim: int = STATE_DIM) -> VLA:
     """A random tiny VLA whose greedy tokens are always action tokens, with wide logit margins
     (so batched and single-row greedy decoding agree)."""
     torch.manual_seed(seed)
     text = TextTokenizer.train(instructions or [t.instruction for t in TASKS.values()])
-    norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(4), state_std=np.ones(4))
-    vla = VLA(VLAConfig(text_vocab_size=text.vocab_size, **TINY), norm, text).eval()
+    norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(state_dim), state_std=np.ones(state_dim))
+    vla = VLA(VLAConfig(text_vocab_size=text.vocab_size, state_dim=state_dim, **TINY), norm, text).eval()
     with torch.no_grad():
         w = vla.llm.lm_head.weight
         w.normal_(0.0, 3.0)
@@ -47,4 +47,5 @@ def write_demo_file(path: Path, tasks: list[str], episodes: int = 2, steps: int 
                 t = np.linspace(0, 1, steps)[:, None]
                 g["obs/ee_pos"] = (np.array([0.0, 0.6, 0.2]) + t * rng.normal(0, 0.1, 3)).astype(np.float32)
                 g["obs/gripper_states"] = np.ones((steps, 1), np.float32)
+                g["obs/goal_pos"] = np.repeat(rng.normal(0, 0.1, (1, 3)), steps, 0).astype(np.float32)
                 i += 1

@@ -28,12 +28,15 @@ def test_layout_and_dtypes(demo_file):
         assert g["actions"].dtype == np.float32 and g["actions"].shape == (t, 4)
         assert g["obs/agentview_rgb"].dtype == np.uint8 and g["obs/agentview_rgb"].shape == (t, 64, 64, 3)
         assert g["obs/ee_pos"].dtype == np.float32 and g["obs/ee_pos"].shape == (t, 3)
+        goal = g["obs/goal_pos"][()]
+        assert goal.shape == (t, 3) and np.allclose(goal, goal[0])  # reach: the goal stays put
+        assert np.allclose(goal[0], g.attrs["layout"][3:6], atol=1e-6)  # reach's layout = (hand, goal)
         assert g.attrs["task"] == "reach-v3" and g.attrs["success"]
         assert "reach" in g.attrs["instruction"]
     with DemoFile(path) as f:
         eps = list(f)
         assert [e.task for e in eps] == ["reach-v3", "drawer-close-v3"]
-        assert eps[0].state.shape == (len(eps[0]), 4)
+        assert eps[0].state.shape == (len(eps[0]), 7)  # ee xyz, gripper, goal xyz
         assert np.abs(eps[0].actions).max() <= 1.0
 
 

@@ -26,8 +26,9 @@ def test_observation_shapes_and_seeded_layouts():
     env = MetaWorldEnv("push-v3", MWConfig(image_size=64))
     obs, info = env.reset(seed=3)
     assert obs["image"].shape == (64, 64, 3) and obs["image"].dtype == np.uint8
-    assert obs["state"].shape == (4,) and obs["state"].dtype == np.float32
+    assert obs["state"].shape == (7,) and obs["state"].dtype == np.float32
     np.testing.assert_allclose(info["ee_pos"], obs["state"][:3])
+    np.testing.assert_allclose(obs["state"][4:], info["sim_obs"][-3:], rtol=1e-6)  # the goal
     layout = env.layout.copy()
     obs2, _ = env.reset(seed=3)
     np.testing.assert_array_equal(env.layout, layout)

@@ -60,6 +60,7 @@ def write_demos(path: Path, episodes: int = EPISODES, steps: int = STEPS, seed: 
             g.create_dataset("obs/agentview_rgb", data=images)
             g.create_dataset("obs/ee_pos", data=ee)
             g.create_dataset("obs/gripper_states", data=rng.uniform(size=(steps, 1)).astype(np.float32))
+            g.create_dataset("obs/goal_pos", data=np.repeat(rng.normal(0, 0.1, (1, 3)), steps, 0).astype(np.float32))
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,8 @@ acceptance, verify-skip, fallbacks and per-step stats."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import faiss
 import numpy as np
 import pytest
@@ -162,11 +164,12 @@ def near_store(vla, greedy: list[int], key: np.ndarray, path, seed: int) -> Data
     return Datastore.load(writer.finalize(path))
 
 
-def test_emitted_groups_stay_in_bounds_and_later_calls_delegate(built, tmp_path) -> None:
+@pytest.mark.parametrize("continue_drafts", [False, True])
+def test_emitted_groups_stay_in_bounds_and_later_calls_delegate(built, tmp_path, continue_drafts) -> None:
     """Drafts near (not at) the target's greedy tokens: whatever is emitted must be within the
     group bounds of the target's greedy token given the emitted prefix."""
     vla = built["vla"]
-    vocab, cfg = ActionVocab(vla.config.vocab_size), RetrievalConfig(node_budget=24)
+    vocab, cfg = ActionVocab(vla.config.vocab_size), RetrievalConfig(node_budget=24, continue_drafts=continue_drafts)
     embeds, context = frame(built, 1, 5)
     greedy = decoder_for(vla, None, cfg).decode(embeds).tokens
     deviation = 0
@@ -187,7 +190,9 @@ def test_emitted_groups_stay_in_bounds_and_later_calls_delegate(built, tmp_path)
             assert (sum(devs) == 0) if g in EXACT else (sum(devs) <= 30 and max(devs) <= 15), (g, devs)
         assert proposer.last_step.tree_nodes > 7 and proposer.last_step.n_results == 8
         assert all(p > 1 for p in fallback.positions)  # one retrieval per step, then the fallback
-        assert len(fallback.positions) == len(result.accepted_lengths) - 1
+        continued = proposer.last_step.continuations
+        assert continued == 0 or continue_drafts
+        assert len(fallback.positions) + continued == len(result.accepted_lengths) - 1
     assert deviation > 0  # relaxed acceptance did accept inexact drafts
 
 
@@ -225,7 +230,25 @@ def test_inconsistent_first_tokens_are_dropped(built) -> None:
     seqs = np.array([[first - 40] + [first] * 7,  # 40 bins off the emitted token: inconsistent
                      [first + 15] + [first - 1] * 7,  # 15 bins: within max_dev
                      [first] + [first - 2] * 7])
-    assert proposer._consistent(seqs, [first]).tolist() == [1, 2]
-    assert proposer._consistent(seqs[:1], [first]).tolist() == [0]  # none consistent: keep all
+    assert proposer._agreeing(seqs, [first]).tolist() == [False, True, True]
     # the gripper position (3) must match exactly
-    assert proposer._consistent(seqs[1:], [first, first - 1, first - 1, first - 2]).tolist() == [1]
+    assert proposer._agreeing(seqs[1:], [first, first - 1, first - 1, first - 2]).tolist() == [False, True]
+
+
+def test_continuation_drafts_the_rest_from_agreeing_sequences_only(built) -> None:
+    vla = built["vla"]
+    store = open_datastore(built["store"], vla)
+    vocab = ActionVocab(vla.config.vocab_size)
+    proposer = RetrievalProposer(store, RetrievalConfig(), vocab=vocab)
+    t = vla.config.vocab_size - 1 - 100  # bin 100
+    seqs = np.array([[t, t - 60, t, t, t - 1, t - 1, t - 1, t],  # position 1 is 60 bins off what was emitted
+                     [t, t - 2, t, t, t - 5, t - 5, t - 5, t],
+                     [t, t - 3, t - 1, t - 7, t - 9, t - 9, t - 9, t - 7]])  # gripper (3) differs
+    proposer._step_sequences = seqs
+    state = SimpleNamespace(emitted=[t, t, t, t], position=4)  # target rejected the best draft at position 1
+    tree = proposer._continuation(state).tree
+    assert tree.is_chain() and tree.tokens.tolist() == seqs[1, 4:].tolist()
+    assert proposer._continuation(SimpleNamespace(emitted=[t, t - 90], position=2)) is None  # nobody agrees
+    proposer = RetrievalProposer(store, RetrievalConfig(continue_drafts=False), vocab=vocab)
+    proposer._step_sequences = seqs
+    assert proposer._continuation(state) is None

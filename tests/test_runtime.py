@@ -38,7 +38,7 @@ def test_policy_step_record_adds_up():
 
 def test_act_before_reset_is_refused():
     with pytest.raises(RuntimeError, match="reset"):
-        ar_policy().act(np.zeros((32, 32, 3), np.uint8), np.zeros(4, np.float32))
+        ar_policy().act(np.zeros((32, 32, 3), np.uint8), np.zeros(7, np.float32))
 
 
 def test_methods_without_their_resources_are_refused():

@@ -1,6 +1,8 @@
 """The embedded `mw` benchmark: Meta-World v3 tasks as a gymnasium env with an RGB camera.
 
-Observation: ``{"image": uint8 (H, W, 3) upright, "state": float32 (4,) = ee xyz + gripper opening}``;
+Observation: ``{"image": uint8 (H, W, 3) upright, "state": float32 (7,) = ee xyz, gripper opening,
+goal xyz}``. The goal is Meta-World's goal-observable setting: the goal marker is a 2 cm site, about
+one pixel in a 64 px frame, so without it reach, push and pick-place are not observable at all.
 ``info`` carries ``success``, ``ee_pos`` and the full simulator state vector ``sim_obs`` (for the
 scripted expert only; the VLA never sees it).
 
@@ -43,6 +45,7 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 ACTION_DIM = 4  # dx dy dz grip, each in [-1, 1]
+STATE_DIM = 7  # ee xyz, gripper opening, goal xyz
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class MetaWorldEnv(gym.Env):
         self.observation_space = gym.spaces.Dict(
             {
                 "image": gym.spaces.Box(0, 255, (size, size, 3), np.uint8),
-                "state": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                "state": gym.spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
             }
         )
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
@@ -129,7 +132,9 @@ class MetaWorldEnv(gym.Env):
         return np.ascontiguousarray(self._env.render()[::-1])  # MuJoCo renders upside down
 
     def _observe(self, sim_obs: np.ndarray) -> dict:
-        return {"image": self.render(), "state": sim_obs[:4].astype(np.float32)}
+        # sim_obs = [ee xyz, gripper, objects..., goal xyz] (the goal is set by the task kwargs)
+        state = np.concatenate([sim_obs[:4], sim_obs[-3:]]).astype(np.float32)
+        return {"image": self.render(), "state": state}
 
     @staticmethod
     def _info(sim_obs: np.ndarray, success: bool) -> dict:

@@ -22,8 +22,12 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
     p.add_argument("--retrieval-budget", type=int, default=32, help="retrieval tree: total nodes")
     p.add_argument("--payload", default="own", choices=["own", "demo", "both"],
                    help="retrieval drafts from the target's own tokens, the demonstrator's, or both")
-    p.add_argument("--retrieval-fallback", default="drafter", choices=["drafter", "ar"],
-                   help="how a step continues after a rejected retrieval group: drafter SD, or plain AR")
+    p.add_argument("--retrieval-fallback", default="ar", choices=["drafter", "ar"],
+                   help="how a step continues after a rejected retrieval group (and no agreeing retrieved "
+                        "sequence): plain AR (default; cheaper on CPU) or drafter SD as in the paper")
+    p.add_argument("--no-continuation", action="store_true",
+                   help="ablation: after a rejected retrieval group, go straight to the fallback instead of "
+                        "drafting the rest from the retrieved sequences that agree with what was emitted")
     p.add_argument("--no-verify-skip", action="store_true", help="ablation: never skip verification")
     p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
     p.add_argument("--metric-only", action="store_true",
@@ -40,7 +44,7 @@ def method_config(args: argparse.Namespace, method: str | None = None):
         method=method or args.method, drafter=args.drafter, datastore=args.datastore, relaxed_r=args.relaxed_r,
         tree_topk=args.tree_topk, tree_depth=args.tree_depth, tree_budget=args.tree_budget,
         retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
-        retrieval_fallback=args.retrieval_fallback,
+        retrieval_fallback=args.retrieval_fallback, continuation=not args.no_continuation,
         verify_skip=not args.no_verify_skip, group_acceptance=not args.no_group_acceptance,
         switch_threshold=args.switch_threshold, metric_only=args.metric_only,
     )

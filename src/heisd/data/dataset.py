@@ -6,6 +6,7 @@
         obs/agentview_rgb      (T, H, W, 3) uint8, upright
         obs/ee_pos             (T, 3) float32
         obs/gripper_states     (T, G) float32
+        obs/goal_pos           (T, 3) float32, optional (Meta-World's goal; LIBERO has none)
 
 The same code reads our Meta-World files and real LIBERO demonstration files.
 """
@@ -37,11 +38,13 @@ class Episode:
     ee_pos: np.ndarray  # (T, 3) float32
     gripper: np.ndarray  # (T, G) float32
     success: bool
+    goal_pos: np.ndarray | None = None  # (T, 3) float32 when the benchmark shows the goal
 
     @property
     def state(self) -> np.ndarray:
-        """Proprioception given to the VLA: end-effector xyz + gripper opening."""
-        return np.concatenate([self.ee_pos, self.gripper], axis=1).astype(np.float32)
+        """The state given to the VLA: end-effector xyz, gripper opening, goal xyz if recorded."""
+        parts = [self.ee_pos, self.gripper] + ([self.goal_pos] if self.goal_pos is not None else [])
+        return np.concatenate(parts, axis=1).astype(np.float32)
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -119,6 +122,7 @@ class DemoFile:
                     len(g["actions"]), -1
                 ),
                 success=bool(g.attrs.get("success", True)),
+                goal_pos=np.asarray(g["obs/goal_pos"][()], dtype=np.float32) if "obs/goal_pos" in g else None,
             )
         except OSError as e:  # a chunk cut off by truncation
             raise DemoFormatError(f"{self.path}: data/{name} cannot be read ({e})") from e

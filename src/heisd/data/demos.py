@@ -44,7 +44,7 @@ def rollout_expert(task: str, episode: int, cfg: DemoConfig) -> dict:
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})
-    frames = {"actions": [], "images": [], "ee_pos": [], "gripper": []}
+    frames = {"actions": [], "images": [], "ee_pos": [], "gripper": [], "goal_pos": []}
     success = False
     while True:
         action = np.clip(policy.get_action(info["sim_obs"]), -1, 1).astype(np.float32)
@@ -52,6 +52,7 @@ def rollout_expert(task: str, episode: int, cfg: DemoConfig) -> dict:
         frames["images"].append(obs["image"])
         frames["ee_pos"].append(obs["state"][:3])
         frames["gripper"].append(obs["state"][3:4])
+        frames["goal_pos"].append(obs["state"][4:7])
         executed = action.copy()
         if cfg.noise > 0:
             executed[:3] += rng.normal(0, cfg.noise, 3).astype(np.float32)
@@ -121,4 +122,5 @@ def _write(data, ep: dict, kept: int, steps: int, dropped: dict) -> tuple[int, i
     g.create_dataset("obs/agentview_rgb", data=ep["images"], compression="lzf", chunks=(1, h, w, 3))
     g.create_dataset("obs/ee_pos", data=ep["ee_pos"])
     g.create_dataset("obs/gripper_states", data=ep["gripper"])
+    g.create_dataset("obs/goal_pos", data=ep["goal_pos"])
     return kept + 1, steps + len(ep["actions"])

@@ -2,9 +2,11 @@
 
 Per control step, the first `propose` call queries the datastore with the current image
 feature and hands back one tree whose nodes are whole action groups (xyz | g | xyz' | g').
-The loop verifies it once; every later call of the same step (after a rejected group)
-goes to the fallback proposer (the drafter; None = plain AR), as in HeiSD. A step is
-recognised by its KV cache: every `decode` call prefills a fresh one.
+The loop verifies it once. After a rejected group (the verify pass emitted the target's own
+token there), a later call of the same step first drafts the rest from the step's retrieved
+sequences that agree with everything emitted so far (`continue_drafts`, ours: no new query,
+no draft model); when none agrees it goes to the fallback proposer (the drafter; None = plain
+AR), as in HeiSD. A step is recognised by its KV cache: every `decode` call prefills a fresh one.
 
 Where drafts start. The prefill already emitted the target's free greedy first token
 (emitted[0], the first position of group 0), so drafts cover positions `state.position`..
@@ -63,6 +65,7 @@ class RetrievalConfig:
     node_budget: int = 32  # draft tokens per tree (CPU: a 32-node tree costs ~1.15x an 8-token chain)
     payload: Payload = "own"  # draft from the target's own greedy tokens, the demonstrator's, or both
     rank_decay: float = 0.7  # weight of the r-th retrieved sequence is rank_decay**r (votes add up; untuned)
+    continue_drafts: bool = True  # after a rejection, draft the rest from the agreeing retrieved sequences
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", tuple(tuple(int(p) for p in g) for g in self.groups))
@@ -176,6 +179,7 @@ class RetrievalStepStats:
     tree_nodes: int = 0  # draft tokens proposed (0: no retrieval proposal this step)
     skipped: bool = False  # the draft was accepted with no verify pass
     hidden_similarity: float | None = None  # verify-skip's cosine similarity (None: skip off)
+    continuations: int = 0  # later trees of this step drawn from the agreeing retrieved sequences
 
 
 class RetrievalProposer(Proposer):
@@ -196,18 +200,22 @@ class RetrievalProposer(Proposer):
         self.vocab, self.verify_skip = vocab, verify_skip
         self.last_step: RetrievalStepStats | None = None  # the latest step that queried the datastore
         self._step_cache: weakref.ref | None = None  # the KV cache identifies the control step
+        self._step_sequences: np.ndarray | None = None  # this step's retrieved draft sequences
         exact = {p for g in config.exact_groups for p in config.groups[g]}
         self._bound = [0 if p in exact else config.max_dev for p in range(config.n_tokens)]  # per-token rule
 
     def reset(self) -> None:
-        self.last_step, self._step_cache = None, None
+        self.last_step, self._step_cache, self._step_sequences = None, None, None
         if self.fallback is not None:
             self.fallback.reset()
 
     def propose(self, state: DecodeState) -> Proposal | None:
         if self._step_cache is not None and self._step_cache() is state.cache:
+            proposal = self._continuation(state)
+            if proposal is not None:
+                return proposal
             return self.fallback.propose(state) if self.fallback is not None else None
-        self._step_cache = weakref.ref(state.cache)
+        self._step_cache, self._step_sequences = weakref.ref(state.cache), None
         if "key" not in state.context:
             raise ValueError("RetrievalProposer needs state.context['key'] (the pooled vision feature)")
         stats = self.last_step = RetrievalStepStats()
@@ -225,21 +233,35 @@ class RetrievalProposer(Proposer):
 
     def _proposal(self, state: DecodeState, result: RetrievalResult, stats: RetrievalStepStats) -> Proposal | None:
         stats.top1_similarity = float(result.similarities[0])
-        sequences = self.config.sequences(result)
+        sequences = self._step_sequences = self.config.sequences(result)
         if self.verify_skip is not None:
             skip = self.verify_skip.proposal(state, result.hidden[0], sequences[0], self.vocab)
             stats.hidden_similarity = self.verify_skip.last_similarity
             if skip is not None:
                 stats.skipped = True
                 return skip
-        sequences = sequences[self._consistent(sequences, state.emitted)]
+        agree = self._agreeing(sequences, state.emitted)
+        return self._tree(state, sequences[agree if agree.any() else slice(None)])
+
+    def _continuation(self, state: DecodeState) -> Proposal | None:
+        """After a rejection: a tree from the step's sequences that agree with all emitted tokens."""
+        if not self.config.continue_drafts or self._step_sequences is None:
+            return None
+        agree = self._agreeing(self._step_sequences, state.emitted)
+        proposal = self._tree(state, self._step_sequences[agree]) if agree.any() else None
+        if proposal is not None and self.last_step is not None:
+            self.last_step.continuations += 1
+        return proposal
+
+    def _tree(self, state: DecodeState, sequences: np.ndarray) -> Proposal | None:
         weights = self.config.rank_decay ** np.arange(len(sequences), dtype=np.float64)
         tree = group_tree(sequences, weights, state.position, self.config.groups, self.config.exact_groups,
                           self.config.node_budget)
         return Proposal(tree) if len(tree) else None
 
-    def _consistent(self, sequences: np.ndarray, emitted: Sequence[int]) -> np.ndarray:
-        """Indices of the sequences that agree with the emitted tokens (all of them if none does)."""
+    def _agreeing(self, sequences: np.ndarray, emitted: Sequence[int]) -> np.ndarray:
+        """Mask of the sequences whose tokens at the emitted positions agree with the emitted ones
+        (within the acceptance rule's per-token bound; exactly for grippers and non-action tokens)."""
         ok = np.ones(len(sequences), dtype=bool)
         for p, tok in enumerate(emitted):
             if not self.vocab.is_action(tok):
@@ -248,4 +270,4 @@ class RetrievalProposer(Proposer):
             bins = self.vocab.vocab_size - 1 - sequences[:, p].astype(np.int64)
             actions = (bins >= 0) & (bins < self.vocab.n_bins)
             ok &= actions & (np.abs(bins - self.vocab.bin(tok)) <= self._bound[p])
-        return np.flatnonzero(ok) if ok.any() else np.arange(len(sequences))
+        return ok

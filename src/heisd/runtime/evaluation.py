@@ -113,12 +113,15 @@ def run_episode(env, policy: VLAPolicy, layout_seed: int, execute: int = 0) -> d
     obs, info = env.reset(options={"layout_seed": layout_seed})
     policy.reset(env.instruction, env.task)
     records, ee_path, success, truncated, env_steps = [], [], False, False, 0
+    moved = [info["ee_pos"]]  # positions since the last inference: the kinematic window's steps
     while not (success or truncated):
-        actions, record = policy.act(obs["image"], obs["state"], info["ee_pos"])
+        actions, record = policy.act(obs["image"], obs["state"], moved)
         records.append(record)
         ee_path.append([round(float(x), 5) for x in info["ee_pos"]])
+        moved = []
         for action in actions[: execute or len(actions)]:
             obs, _, success, truncated, info = env.step(action)
+            moved.append(info["ee_pos"])
             env_steps += 1
             if success or truncated:
                 break

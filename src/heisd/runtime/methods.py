@@ -30,7 +30,10 @@ class MethodConfig:
     retrieval_k: int = 8  # Top-K results per query
     retrieval_budget: int = 32  # retrieval tree: total nodes
     payload: str = "own"  # retrieval drafts from the target's own tokens, demo tokens, or both
-    retrieval_fallback: str = "drafter"  # after a rejected retrieval group: "drafter" SD or plain "ar"
+    # after a rejected retrieval group: plain "ar" (default: on CPU a drafter pass costs more than
+    # the target step it saves, BENCHMARKS 3.1) or "drafter" SD as in the paper
+    retrieval_fallback: str = "ar"
+    continuation: bool = True  # after a rejection, draft the rest from the agreeing retrieved sequences
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
     group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
     switch_threshold: float | None = None  # heisd: override the calibrated kinematic threshold
@@ -62,8 +65,10 @@ class MethodConfig:
                     parts.append("no-skip")
                 if not self.group_acceptance:
                     parts.append("no-group")
-            if self.retrieval_fallback == "ar":
-                parts.append("ar-fallback")
+            if not self.continuation:
+                parts.append("no-continuation")
+            if self.retrieval_fallback == "drafter":
+                parts.append("drafter-fallback")
         label = "+".join(parts)
         return f"{label}@{self.switch_threshold:g}" if self.method == "heisd" and self.switch_threshold is not None else label
 
@@ -117,7 +122,8 @@ def _retrieval_proposer(cfg: MethodConfig, vla, fallback, vocab):
 
     datastore = open_datastore(cfg.datastore, vla)
     rcfg = RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=cfg.retrieval_k,
-                                      node_budget=cfg.retrieval_budget, payload=cfg.payload)
+                                      node_budget=cfg.retrieval_budget, payload=cfg.payload,
+                                      continue_drafts=cfg.continuation)
     plain = cfg.metric_only  # the ablation's first rung: retrieval drafts checked exactly, never skipped
     skip = VerifySkip.from_datastore(datastore) if cfg.verify_skip and not plain else None
     rule = rcfg.acceptance() if cfg.group_acceptance and not plain else ExactAcceptance()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -53,12 +54,19 @@ class VLAPolicy:
             retrieval.verify_skip.update(success)
 
     @torch.inference_mode()
-    def act(self, image: np.ndarray, state: np.ndarray, ee_pos: np.ndarray | None = None) -> tuple[np.ndarray, StepRecord]:
-        """uint8 image [H, W, 3] + state [4] -> actions [chunk, action_dim] and the step record."""
+    def act(self, image: np.ndarray, state: np.ndarray,
+            ee_path: Sequence[np.ndarray] | np.ndarray | None = None) -> tuple[np.ndarray, StepRecord]:
+        """uint8 image [H, W, 3] + state [state_dim] -> actions [chunk, action_dim] and the step record.
+
+        `ee_path`: the end-effector positions reached since the previous call, one per executed
+        environment step, latest last (a single [3] position is one step; default ``state[:3]``).
+        The kinematic window counts environment steps, as its statistics from the demonstrations do.
+        """
         if self._prompt is None:
             raise RuntimeError("call reset(instruction) before act()")
         t0 = time.perf_counter()
-        mode, metric = self._mode(ee_pos if ee_pos is not None else state[:3])
+        path = np.asarray(ee_path if ee_path is not None else state[:3], dtype=np.float64).reshape(-1, 3)
+        mode, metric = self._mode(path)
         images = torch.from_numpy(np.ascontiguousarray(image))[None]
         prefix, key = self.vla.encode_observation(images, self._prompt, torch.from_numpy(state)[None])
         context = {"key": key[0].numpy(), "task": self.task}
@@ -85,10 +93,11 @@ class VLAPolicy:
         )
         return actions, record
 
-    def _mode(self, ee_pos: np.ndarray) -> tuple[str, float | None]:
+    def _mode(self, ee_path: np.ndarray) -> tuple[str, float | None]:
         if self.decoders.switch is None:
             return self.decoders.fixed_mode, None
-        self._tracker.update(ee_pos=ee_pos)
+        for ee_pos in ee_path:
+            self._tracker.update(ee_pos=ee_pos)
         mode = self.decoders.switch.mode(self._tracker)
         return mode, self.decoders.switch.last_metric
 

@@ -50,8 +50,9 @@ def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: li
         if first:
             policy.reset(ep.instruction, ep.task)
             reference.reset(ep.instruction, ep.task)
-        _, rec = policy.act(ep.images[t], ep.state[t], ep.ee_pos[t])
-        _, ref = reference.act(ep.images[t], ep.state[t], ep.ee_pos[t])
+        moved = ep.ee_pos[max(t - stride + 1, 0) : t + 1]  # every env step since the last frame
+        _, rec = policy.act(ep.images[t], ep.state[t], moved)
+        _, ref = reference.act(ep.images[t], ep.state[t], moved)
         ar_latencies.append(ref.latency_ms)
         ours, greedy = np.asarray(rec.tokens), np.asarray(ref.tokens)
         bins = np.abs(tokenizer.token_to_bin(ours).astype(int) - tokenizer.token_to_bin(greedy).astype(int))

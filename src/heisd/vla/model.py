@@ -144,7 +144,10 @@ class VLA(nn.Module):
         return self.projector(self.vision(images))
 
     def state_token(self, state: torch.Tensor) -> torch.Tensor:
-        """float [B, state_dim] (raw: ee xyz, gripper opening) -> [B, 1, d]."""
+        """float [B, state_dim] (raw: ee xyz, gripper opening, goal xyz on mw) -> [B, 1, d]."""
+        if state.shape[-1] != self.config.state_dim:
+            raise ValueError(f"state has {state.shape[-1]} values, this model was trained with "
+                             f"state_dim={self.config.state_dim} (a checkpoint from another benchmark version?)")
         return self.state_proj((state.float() - self.state_mean) / self.state_std).unsqueeze(1)
 
     def prefix_embeds(self, images: torch.Tensor, prompt_ids: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
