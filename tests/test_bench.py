@@ -56,3 +56,22 @@ def test_bench_needs_ar_first(resources):
     with pytest.raises(ValueError, match="first configuration must be AR"):
         run_bench(vla, [MethodConfig("specvla", drafter=str(tmp / "drafter"))],
                   EvalConfig(("reach-v3",), 1), tmp / "x", progress=False)
+
+
+def test_kinematic_window_counts_env_steps(resources):
+    """The switch's window holds env-step positions (as the demonstration statistics do), so with
+    2 actions per inference it fills after 8 inferences, not 15."""
+    import numpy as np
+
+    from heisd.runtime.methods import build_decoders
+    from heisd.runtime.policy import VLAPolicy
+
+    vla, tmp = resources
+    cfg = MethodConfig("heisd", drafter=str(tmp / "drafter"), datastore=str(tmp / "datastore"), switch_threshold=0.3)
+    policy = VLAPolicy(vla, build_decoders(cfg, vla))
+    policy.reset("reach the red target with the gripper", "reach-v3")
+    image, state = np.zeros((16, 16, 3), np.uint8), np.zeros(7, np.float32)
+    path = [np.array([0.0, 0.6, 0.2]) + 0.01 * i * np.array([1.0, 0.5, 0.0]) for i in range(15)]
+    metrics = [policy.act(image, state, path[:1])[1].metric]
+    metrics += [policy.act(image, state, path[i : i + 2])[1].metric for i in range(1, 15, 2)]
+    assert metrics[:-1] == [None] * 7 and metrics[-1] is not None  # 1 + 7 x 2 = 15 positions

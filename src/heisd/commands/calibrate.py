@@ -3,7 +3,8 @@
 Per held-out frame: the target's greedy tokens and prefill hidden state, the datastore's
 Top-K; s = cosine(hidden, top-1 stored hidden); whether the top-1 draft passes the
 group-relaxed check against the greedy tokens; tokens per target forward of retrieval SD
-(the real decode loop; after a rejected group the drafter, or plain AR without one; a frame
+(the real decode loop; after a rejected group the agreeing retrieved sequences, then plain AR
+or, with `--retrieval-fallback drafter`, the drafter, as the methods run it; a frame
 that would skip at the calibrated theta counts n); the same for drafter SD (`--drafter`;
 without one the drafter mode is taken as AR, 1 token per forward); and the kinematic metric
 F over the episode's last w positions.
@@ -35,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--payload", choices=["own", "demo", "both"], default="own", help="tokens drafted from")
     p.add_argument("--k", type=int, default=8, help="Top-K retrieved")
     p.add_argument("--drafter", type=Path, help="drafter directory (else drafter mode = AR)")
+    p.add_argument("--retrieval-fallback", choices=["ar", "drafter"], default="ar",
+                   help="after a rejected retrieval group: plain AR or drafter SD (as the method will run)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0, help="frame sampling")
 
@@ -57,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
         from heisd.drafter import Drafter, DrafterTarget
 
         drafter = Drafter.from_pretrained(args.drafter, DrafterTarget.from_vla(vla))
+    if args.retrieval_fallback == "drafter" and drafter is None:
+        raise SystemExit("--retrieval-fallback drafter needs --drafter")
     report = calibrate(vla, datastore, args.demos, args.precision, args.frames, args.payload, args.k, args.seed,
-                       drafter)
+                       drafter, args.retrieval_fallback)
     skip, hybrid = report["verify_skip"], report["hybrid"]
     print(f"{'held-out frames':<22}{skip['frames_total']} ({skip['frames']} with the first-token guard)")
     print(f"{'top-1 hidden cos':<22}median {skip['similarity_median']:.4f}   draft passes {skip['pass_rate']:.2f}")
@@ -73,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.95, n_frames: int = 512,
-              payload: str = "own", k: int = 8, seed: int = 0, drafter=None) -> dict[str, Any]:
+              payload: str = "own", k: int = 8, seed: int = 0, drafter=None,
+              retrieval_fallback: str = "ar") -> dict[str, Any]:
     """Measure the held-out frames, set theta and the threshold, persist them; returns what was stored."""
     from heisd.kinematics import calibrate_threshold
     from heisd.retrieval.verify_skip import EXTRAS_KEY, calibrate_theta
 
-    m = _measure(vla, datastore, demos, n_frames, payload, k, seed, drafter)
+    m = _measure(vla, datastore, demos, n_frames, payload, k, seed, drafter, retrieval_fallback)
     theta = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision)
     skipped = m["guard"] & (m["similarity"] >= theta)
     n = vla.config.n_action_tokens
@@ -98,6 +104,7 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.
     }
     hybrid = {
         "threshold": threshold, "frames": int(has_f.sum()), "drafter": "ar" if drafter is None else "drafter",
+        "retrieval_fallback": retrieval_fallback,
         "retrieval_fraction": float(use_r.mean()),
         "expected_tpf": float(np.where(use_r, tpf_r[has_f], tpf_d[has_f]).mean()),
         "tpf_retrieval_mean": float(tpf_r[has_f].mean()), "tpf_drafter_mean": float(tpf_d[has_f].mean()),
@@ -110,7 +117,7 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.
 
 
 def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: int,
-             drafter) -> dict[str, np.ndarray]:
+             drafter, retrieval_fallback: str) -> dict[str, np.ndarray]:
     import torch
     from tqdm import tqdm
 
@@ -133,8 +140,8 @@ def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: i
 
         return DrafterProposer(drafter) if drafter is not None else None
 
-    retrieval = SpeculativeDecoder(verifier, decode_cfg, RetrievalProposer(datastore, cfg, drafter_proposer(),
-                                                                           vocab=vocab), rule)
+    fallback = drafter_proposer() if retrieval_fallback == "drafter" else None
+    retrieval = SpeculativeDecoder(verifier, decode_cfg, RetrievalProposer(datastore, cfg, fallback, vocab=vocab), rule)
     drafting = SpeculativeDecoder(verifier, decode_cfg, drafter_proposer(), rule)
     lengths = []
     for path in demos:  # pass 1: which frames exist (successful episodes only)

@@ -16,8 +16,8 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
     p.add_argument("--datastore", default=None, help="datastore directory (retrieval, heisd)")
     p.add_argument("--relaxed-r", type=int, default=9, help="token-relaxed acceptance bound in bins")
     p.add_argument("--tree-topk", type=int, default=4, help="drafter tree: children per node")
-    p.add_argument("--tree-depth", type=int, default=4, help="drafter tree: depth")
-    p.add_argument("--tree-budget", type=int, default=16, help="drafter tree: total nodes")
+    p.add_argument("--tree-depth", type=int, default=3, help="drafter tree: depth (drafter passes per proposal)")
+    p.add_argument("--tree-budget", type=int, default=8, help="drafter tree: total nodes")
     p.add_argument("--retrieval-k", type=int, default=8, help="retrieval Top-K")
     p.add_argument("--retrieval-budget", type=int, default=32, help="retrieval tree: total nodes")
     p.add_argument("--payload", default="own", choices=["own", "demo", "both"],

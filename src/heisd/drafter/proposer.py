@@ -26,8 +26,8 @@ from heisd.drafter.model import Drafter, additive_mask
 @dataclass(frozen=True)
 class TreeConfig:
     topk: int = 4  # children per expanded node, and frontier width
-    depth: int = 4  # draft tokens along the deepest path
-    budget: int = 16  # nodes in the final tree
+    depth: int = 3  # draft tokens along the deepest path (one drafter pass per level)
+    budget: int = 8  # nodes in the final tree
 
     def __post_init__(self) -> None:
         for name in ("topk", "depth", "budget"):
