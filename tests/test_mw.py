@@ -29,6 +29,8 @@ def test_observation_shapes_and_seeded_layouts():
     assert obs["state"].shape == (7,) and obs["state"].dtype == np.float32
     np.testing.assert_allclose(info["ee_pos"], obs["state"][:3])
     np.testing.assert_allclose(obs["state"][4:], info["sim_obs"][-3:], rtol=1e-6)  # the goal
+    blind, *_ = env.step(np.zeros(4, np.float32), render=False)  # a mid-chunk step: no frame
+    assert blind["image"] is None and blind["state"].shape == (7,)
     layout = env.layout.copy()
     obs2, _ = env.reset(seed=3)
     np.testing.assert_array_equal(env.layout, layout)

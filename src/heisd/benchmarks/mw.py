@@ -118,23 +118,25 @@ class MetaWorldEnv(gym.Env):
         self.layout = env._last_rand_vec.copy()
         return self._observe(sim_obs), self._info(sim_obs, success=False)
 
-    def step(self, action):
+    def step(self, action, *, render: bool = True):
+        """Gymnasium step. ``render=False`` leaves ``obs["image"]`` None: a policy that executes an
+        action chunk reads only the last step's frame, and rendering is most of a step's cost."""
         action = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
         sim_obs, reward, _, _, info = self._env.step(action)
         self._steps += 1
         success = bool(info["success"])
         truncated = self._steps >= self.config.max_steps
-        return self._observe(sim_obs), float(reward), success, truncated, self._info(sim_obs, success)
+        return self._observe(sim_obs, render), float(reward), success, truncated, self._info(sim_obs, success)
 
     def render(self) -> np.ndarray:
         # Each simulator has its own GL context; another env's may be current in this process.
         self._env.mujoco_renderer._get_viewer("rgb_array").make_context_current()
         return np.ascontiguousarray(self._env.render()[::-1])  # MuJoCo renders upside down
 
-    def _observe(self, sim_obs: np.ndarray) -> dict:
+    def _observe(self, sim_obs: np.ndarray, render: bool = True) -> dict:
         # sim_obs = [ee xyz, gripper, objects..., goal xyz] (the goal is set by the task kwargs)
         state = np.concatenate([sim_obs[:4], sim_obs[-3:]]).astype(np.float32)
-        return {"image": self.render(), "state": state}
+        return {"image": self.render() if render else None, "state": state}
 
     @staticmethod
     def _info(sim_obs: np.ndarray, success: bool) -> dict:

@@ -118,9 +118,10 @@ def run_episode(env, policy: VLAPolicy, layout_seed: int, execute: int = 0) -> d
         actions, record = policy.act(obs["image"], obs["state"], moved)
         records.append(record)
         ee_path.append([round(float(x), 5) for x in info["ee_pos"]])
-        moved = []
-        for action in actions[: execute or len(actions)]:
-            obs, _, success, truncated, info = env.step(action)
+        moved, todo = [], actions[: execute or len(actions)]
+        for j, action in enumerate(todo):
+            # only the frame after the chunk is read: mid-chunk steps skip rendering
+            obs, _, success, truncated, info = env.step(action, render=j == len(todo) - 1)
             moved.append(info["ee_pos"])
             env_steps += 1
             if success or truncated:
