@@ -32,7 +32,7 @@ def test_bench_quick_smoke(resources):
     configs = ladder(base)
     labels = [c.label for c in configs]
     assert labels == ["ar", "specvla", "specvla-relaxed", "retrieval", "heisd+metric-only@0.3",
-                      "heisd+no-group@0.3", "heisd@0.3"]
+                      "heisd+no-group+no-prefill-skip@0.3", "heisd+no-prefill-skip@0.3", "heisd@0.3"]
     cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=8, image_size=32)
     out = tmp / "out"
     summaries = run_bench(vla, configs, cfg, out, progress=False)

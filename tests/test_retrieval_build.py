@@ -148,6 +148,10 @@ def test_calibrate_stores_theta_and_threshold(built, tmp_path, capsys) -> None:
     assert skip["frames_total"] == 12 and len(frames["similarity"]) == 12
     assert skip["theta"] > 0.0 and 0.0 <= skip["skip_rate"] <= 1.0
     assert all(1.0 <= tpf <= 8.0 for tpf in frames["tpf_retrieval"])
+    pre = extras["prefill_skip"]
+    assert pre["frames"] == 12 == len(frames["key_similarity"]) and 0.0 <= pre["skip_rate"] <= 1.0
+    passed = np.asarray(frames["passes_full"], bool)[np.asarray(frames["key_similarity"]) >= pre["theta"]]
+    assert passed.size == 0 or passed.mean() >= 0.95  # the precision the theta was chosen for
     # random target + unrelated held-out frames: AR drafter never beats retrieval's >= 1 token/forward
     assert hybrid["drafter"] == "ar" and hybrid["retrieval_fraction"] == 1.0
     assert sum(f is not None for f in frames["F"]) == hybrid["frames"] > 0

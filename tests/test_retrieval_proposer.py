@@ -18,7 +18,7 @@ from heisd.decoding import ActionVocab, DecodeConfig, DecodeState, Proposal, Pro
 from heisd.retrieval import Datastore, DatastoreWriter
 from heisd.retrieval.build import encode_frames, open_datastore
 from heisd.retrieval.proposer import RetrievalConfig, RetrievalProposer, action_groups, group_tree
-from heisd.retrieval.verify_skip import VerifySkip
+from heisd.retrieval.verify_skip import NEVER_SKIP, PrefillSkip, VerifySkip
 
 torch.set_num_threads(1)
 faiss.omp_set_num_threads(1)
@@ -252,3 +252,53 @@ def test_continuation_drafts_the_rest_from_agreeing_sequences_only(built) -> Non
     proposer = RetrievalProposer(store, RetrievalConfig(continue_drafts=False), vocab=vocab)
     proposer._step_sequences = seqs
     assert proposer._continuation(state) is None
+
+
+def test_prefill_skip_emits_the_top1_action_without_running_the_target(built, monkeypatch) -> None:
+    vla = built["vla"]
+    store = open_datastore(built["store"], vla)
+    vocab, cfg = ActionVocab(vla.config.vocab_size), RetrievalConfig()
+    embeds, context = frame(built, 0, 4)
+    queries = []
+    real_query = store.query
+    monkeypatch.setattr(store, "query", lambda *a, **k: queries.append(1) or real_query(*a, **k))
+    proposer = RetrievalProposer(store, cfg, vocab=vocab, prefill_skip=PrefillSkip(-1.0))  # always skips
+    decoder = decoder_for(vla, proposer, cfg)
+    monkeypatch.setattr(decoder.verifier, "prefill", lambda *a: pytest.fail("the target ran"))
+    result = decoder.decode(embeds, context)
+    top1 = cfg.sequences(real_query(context["key"], context["task"], cfg.k))[0].tolist()
+    assert result.tokens == top1 and result.target_forwards == 0 and result.acceptance_length == 8.0
+    assert result.skipped_tokens == 8 and proposer.last_step.prefill_skipped and len(queries) == 1
+    monkeypatch.undo()
+
+    # a prefill skip that does not fire: the step decodes normally and reuses its one query
+    queries.clear()
+    monkeypatch.setattr(store, "query", lambda *a, **k: queries.append(1) or real_query(*a, **k))
+    never = RetrievalProposer(store, cfg, vocab=vocab, prefill_skip=PrefillSkip(NEVER_SKIP))
+    plain = RetrievalProposer(store, cfg, vocab=vocab)
+    got = decoder_for(vla, never, cfg).decode(embeds, context)
+    assert len(queries) == 1 and not never.last_step.prefill_skipped and got.target_forwards >= 1
+    assert got.tokens == decoder_for(vla, plain, cfg).decode(embeds, context).tokens
+
+
+def test_a_prefill_skip_must_be_a_whole_action(built) -> None:
+    vla = built["vla"]
+    embeds, _ = frame(built, 0, 4)
+    action = vla.config.vocab_size - 1 - np.arange(8)
+
+    class Early(Proposer):
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def propose(self, state):
+            return None
+
+        def before_prefill(self, context):
+            return self.tokens
+
+    cfg = RetrievalConfig()
+    assert decoder_for(vla, Early(action.tolist()), cfg).decode(embeds).tokens == action.tolist()
+    with pytest.raises(ValueError, match="whole action"):
+        decoder_for(vla, Early(action[:7].tolist()), cfg).decode(embeds)
+    with pytest.raises(ValueError, match="action tokens only"):
+        decoder_for(vla, Early([0] + action[1:].tolist()), cfg).decode(embeds)

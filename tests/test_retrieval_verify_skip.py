@@ -15,7 +15,7 @@ from test_retrieval_build import built  # noqa: F401  (a fixture)
 
 from heisd.decoding import ActionVocab, DecodeState, GroupRelaxedAcceptance
 from heisd.retrieval import Datastore
-from heisd.retrieval.verify_skip import NEVER_SKIP, VerifySkip, calibrate_theta, cosine, draft_passes
+from heisd.retrieval.verify_skip import NEVER_SKIP, PrefillSkip, VerifySkip, calibrate_theta, cosine, draft_passes
 
 torch.set_num_threads(1)
 faiss.omp_set_num_threads(1)
@@ -65,6 +65,21 @@ def test_online_update_clips_and_persists(built, tmp_path) -> None:
     memory_only = VerifySkip(0.8)
     memory_only.update(success=True)
     assert memory_only.theta == pytest.approx(0.79)
+    pre = PrefillSkip(0.9, datastore=reloaded)  # its own theta, next to verify-skip's
+    pre.update(success=True)
+    again = Datastore.load(tmp_path / "store")
+    assert again.extras["prefill_skip"] == {"theta": pytest.approx(0.89), "online_updates": 1}
+    assert again.extras["verify_skip"]["theta"] == 1.0
+
+
+def test_prefill_skip_needs_key_similarity_and_a_whole_action() -> None:
+    seq = [900, 901, 902, 903, 904, 905, 906, 907]
+    pre = PrefillSkip(theta=0.9)
+    assert pre.tokens(0.95, np.array(seq), VOCAB) == seq and pre.last_similarity == 0.95
+    assert pre.tokens(0.9, seq, VOCAB) == seq  # theta itself skips
+    assert pre.tokens(0.89, seq, VOCAB) is None
+    assert pre.tokens(0.99, seq[:7] + [5], VOCAB) is None  # a non-action token is never emitted blind
+    assert PrefillSkip(NEVER_SKIP).tokens(1.0, seq, VOCAB) is None
 
 
 def test_calibrate_theta_on_constructed_data() -> None:

@@ -9,7 +9,8 @@ that would skip at the calibrated theta counts n); the same for drafter SD (`--d
 without one the drafter mode is taken as AR, 1 token per forward); and the kinematic metric
 F over the episode's last w positions.
 theta = `calibrate_theta` over frames where the free first-token guard holds (others never
-skip); threshold = `calibrate_threshold` over frames with F (the switch uses the drafter
+skip); the prefill-skip theta the same over the top-1 key similarity, every frame, with the
+check on the whole action (no free first token before a prefill); threshold = `calibrate_threshold` over frames with F (the switch uses the drafter
 before w positions exist). Both, and the numbers behind them, go into the manifest's extras.
 Every decode uses the group-relaxed rule: HeiSD runs one decoder with one acceptance rule.
 """
@@ -69,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'top-1 hidden cos':<22}median {skip['similarity_median']:.4f}   draft passes {skip['pass_rate']:.2f}")
     print(f"{'verify-skip theta':<22}{skip['theta']:.4f}   skip rate {skip['skip_rate']:.2f}   "
           f"precision {skip['achieved_precision']:.3f} (target {args.precision})")
+    pre = report["prefill_skip"]
+    print(f"{'prefill-skip theta':<22}{pre['theta']:.4f}   skip rate {pre['skip_rate']:.2f}   "
+          f"precision {pre['achieved_precision']:.3f} (key cos median {pre['similarity_median']:.4f})")
     print(f"{'hybrid threshold F':<22}{hybrid['threshold']:.4f}   retrieval fraction "
           f"{hybrid['retrieval_fraction']:.2f}   tokens/forward {hybrid['expected_tpf']:.2f} "
           f"(retrieval {hybrid['tpf_retrieval_mean']:.2f}, drafter={hybrid['drafter']} "
@@ -82,13 +86,15 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.
               retrieval_fallback: str = "ar") -> dict[str, Any]:
     """Measure the held-out frames, set theta and the threshold, persist them; returns what was stored."""
     from heisd.kinematics import calibrate_threshold
-    from heisd.retrieval.verify_skip import EXTRAS_KEY, calibrate_theta
+    from heisd.retrieval.verify_skip import EXTRAS_KEY, PREFILL_SKIP_KEY, calibrate_theta
 
     m = _measure(vla, datastore, demos, n_frames, payload, k, seed, drafter, retrieval_fallback)
     theta = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision)
     skipped = m["guard"] & (m["similarity"] >= theta)
+    theta_pre = calibrate_theta(m["key_similarity"], m["passes_full"], precision)
+    pre_skipped = m["key_similarity"] >= theta_pre
     n = vla.config.n_action_tokens
-    tpf_r = np.where(skipped, float(n), m["tpf_verified"])
+    tpf_r = np.where(skipped | pre_skipped, float(n), m["tpf_verified"])
     tpf_d = m["tpf_drafter"]
     has_f = np.isfinite(m["F"])
     if not has_f.any():
@@ -102,6 +108,13 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.
         "achieved_precision": float(m["passes"][skipped].mean()) if skipped.any() else float("nan"),
         "similarity_median": float(np.median(m["similarity"])),
     }
+    prefill = {
+        "theta": theta_pre, "calibrated_theta": theta_pre, "precision_target": precision, "online_updates": 0,
+        "frames": len(pre_skipped), "skip_rate": float(pre_skipped.mean()),
+        "pass_rate": float(m["passes_full"].mean()),
+        "achieved_precision": float(m["passes_full"][pre_skipped].mean()) if pre_skipped.any() else float("nan"),
+        "similarity_median": float(np.median(m["key_similarity"])),
+    }
     hybrid = {
         "threshold": threshold, "frames": int(has_f.sum()), "drafter": "ar" if drafter is None else "drafter",
         "retrieval_fallback": retrieval_fallback,
@@ -112,8 +125,8 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.
     frames = {key: np.round(values.astype(np.float64), 5).tolist() for key, values in
               {**m, "tpf_retrieval": tpf_r}.items()}
     frames["F"] = [None if not np.isfinite(f) else f for f in frames["F"]]  # JSON has no NaN
-    datastore.update_extras({EXTRAS_KEY: skip, HYBRID_KEY: hybrid, FRAMES_KEY: frames})
-    return {"verify_skip": skip, "hybrid": hybrid}
+    datastore.update_extras({EXTRAS_KEY: skip, PREFILL_SKIP_KEY: prefill, HYBRID_KEY: hybrid, FRAMES_KEY: frames})
+    return {"verify_skip": skip, "prefill_skip": prefill, "hybrid": hybrid}
 
 
 def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: int,
@@ -155,8 +168,8 @@ def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: i
     by_episode: dict[int, list[int]] = {}
     for i in picked:
         by_episode.setdefault(all_frames[i][0], []).append(all_frames[i][1])
-    rows: dict[str, list[float]] = {key: [] for key in ("similarity", "guard", "passes", "tpf_verified",
-                                                           "tpf_drafter", "F")}
+    rows: dict[str, list[float]] = {key: [] for key in ("similarity", "guard", "passes", "key_similarity",
+                                                           "passes_full", "tpf_verified", "tpf_drafter", "F")}
     w = kin_config.window
     with tqdm(total=len(picked), unit="frame", desc="calibrate") as bar:
         for e, steps in by_episode.items():
@@ -173,6 +186,9 @@ def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: i
                 rows["similarity"].append(cosine(enc.hidden[i], result.hidden[0]))
                 rows["guard"].append(guard)
                 rows["passes"].append(guard and draft_passes(top, own, rule, vocab))
+                rows["key_similarity"].append(float(result.similarities[0]))
+                rows["passes_full"].append(all(vocab.is_action(int(x)) for x in top)
+                                           and draft_passes(top, own, rule, vocab))
                 with torch.no_grad():
                     embeds = vla.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), prompt,
                                                torch.from_numpy(ep.state[t : t + 1]))
@@ -182,5 +198,5 @@ def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: i
                 window = ep.ee_pos[t - w + 1 : t + 1] if t + 1 >= w else None
                 rows["F"].append(np.nan if window is None else fused_metric(window, kin_stats, kin_config))
                 bar.update(1)
-    return {key: np.asarray(values, dtype=bool if key in ("guard", "passes") else np.float64)
+    return {key: np.asarray(values, dtype=bool if key in ("guard", "passes", "passes_full") else np.float64)
             for key, values in rows.items()}

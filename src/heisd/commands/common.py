@@ -29,6 +29,8 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
                    help="ablation: after a rejected retrieval group, go straight to the fallback instead of "
                         "drafting the rest from the retrieved sequences that agree with what was emitted")
     p.add_argument("--no-verify-skip", action="store_true", help="ablation: never skip verification")
+    p.add_argument("--no-prefill-skip", action="store_true",
+                   help="ablation: never skip the target on a close image key (ours; verify-skip still applies)")
     p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
     p.add_argument("--metric-only", action="store_true",
                    help="ablation (heisd): kinematic switch with exact, never-skipped retrieval drafts")
@@ -45,7 +47,7 @@ def method_config(args: argparse.Namespace, method: str | None = None):
         tree_topk=args.tree_topk, tree_depth=args.tree_depth, tree_budget=args.tree_budget,
         retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
         retrieval_fallback=args.retrieval_fallback, continuation=not args.no_continuation,
-        verify_skip=not args.no_verify_skip, group_acceptance=not args.no_group_acceptance,
+        verify_skip=not args.no_verify_skip, prefill_skip=not args.no_prefill_skip, group_acceptance=not args.no_group_acceptance,
         switch_threshold=args.switch_threshold, metric_only=args.metric_only,
     )
 

@@ -62,6 +62,10 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, state: DecodeState) -> Proposal | None: ...
 
+    def before_prefill(self, context: dict[str, Any]) -> list[int] | None:
+        """A whole action to emit with no target forward at all (prefill skip), or None."""
+        return None
+
     def reset(self) -> None:
         """Forget per-episode state."""
 
@@ -77,7 +81,7 @@ class Timing:
 @dataclass
 class DecodeResult:
     tokens: list[int]  # exactly n_tokens
-    target_forwards: int  # prefill included (AR: n_tokens)
+    target_forwards: int  # prefill included (AR: n_tokens; 0 when the step skipped the prefill)
     accepted_lengths: list[int]  # accepted draft tokens per verify pass (0 for an AR step)
     skipped_tokens: int  # tokens accepted with no verify pass
     deviation: int  # summed bin deviation of accepted drafts from the target's greedy tokens
@@ -85,8 +89,8 @@ class DecodeResult:
 
     @property
     def acceptance_length(self) -> float:
-        """Action tokens per target forward (DESIGN 3)."""
-        return len(self.tokens) / self.target_forwards
+        """Action tokens per target forward (DESIGN 3); a step with no forward counts n, like a skip."""
+        return len(self.tokens) / self.target_forwards if self.target_forwards else float(len(self.tokens))
 
 
 class SpeculativeDecoder:
@@ -115,8 +119,17 @@ class SpeculativeDecoder:
         """Greedy-decode one action of ``n_tokens`` tokens after ``prefix_embeds`` [1, P, d]."""
         n, timing, context = self.config.n_tokens, Timing(), context if context is not None else {}
         start = self._now()
+        early = self.proposer.before_prefill(context) if self.proposer is not None else None
+        if early is not None:
+            self._check_skip(DraftTree.chain(early))
+            if len(early) != n:
+                raise ValueError(f"a prefill skip must be a whole action of {n} tokens, got {len(early)}")
+            timing.draft_ms = (self._now() - start) * 1e3
+            return DecodeResult(list(early), 0, [], n, 0, timing)
+        t = self._now()
         pre = self.verifier.prefill(prefix_embeds)
-        timing.prefill_ms = (self._now() - start) * 1e3
+        timing.prefill_ms = (self._now() - t) * 1e3
+        timing.draft_ms = (t - start) * 1e3  # a prefill skip that did not fire
         emitted = [pre.token]
         pending = [pre.token]  # emitted tokens the target has not processed yet
         hidden = pre.hidden[None]

@@ -35,7 +35,7 @@ from heisd.decoding import ActionVocab, DecodeState, DraftTree, GroupRelaxedAcce
 from heisd.retrieval.datastore import Datastore, RetrievalResult
 
 if TYPE_CHECKING:
-    from heisd.retrieval.verify_skip import VerifySkip
+    from heisd.retrieval.verify_skip import PrefillSkip, VerifySkip
 
 Payload = Literal["own", "demo", "both"]
 
@@ -178,6 +178,7 @@ class RetrievalStepStats:
     n_results: int = 0
     tree_nodes: int = 0  # draft tokens proposed (0: no retrieval proposal this step)
     skipped: bool = False  # the draft was accepted with no verify pass
+    prefill_skipped: bool = False  # ... and with no prefill either (the target did not run)
     hidden_similarity: float | None = None  # verify-skip's cosine similarity (None: skip off)
     continuations: int = 0  # later trees of this step drawn from the agreeing retrieved sequences
 
@@ -188,16 +189,20 @@ class RetrievalProposer(Proposer):
     Needs `state.context["key"]` (np.float32 [Dk], the pooled vision feature) and
     `state.context["task"]` (str or None). A task without a collection of its own searches
     the global collection (`last_step.fell_back`); an empty result proposes nothing beyond
-    what the fallback proposes. With `verify_skip`, a confident top-1 draft skips the verify.
+    what the fallback proposes. With `verify_skip`, a confident top-1 draft skips the verify;
+    with `prefill_skip`, one whose image key is close enough skips the target altogether
+    (the query then runs before the prefill, and the step's later proposal reuses it).
     """
 
     def __init__(self, datastore: Datastore, config: RetrievalConfig, fallback: Proposer | None = None, *,
-                 vocab: ActionVocab, verify_skip: VerifySkip | None = None) -> None:
+                 vocab: ActionVocab, verify_skip: VerifySkip | None = None,
+                 prefill_skip: PrefillSkip | None = None) -> None:
         if config.n_tokens != datastore.manifest["n_tokens"]:
             raise ValueError(f"groups cover {config.n_tokens} tokens, datastore entries hold "
                              f"{datastore.manifest['n_tokens']}")
         self.datastore, self.config, self.fallback = datastore, config, fallback
-        self.vocab, self.verify_skip = vocab, verify_skip
+        self.vocab, self.verify_skip, self.prefill_skip = vocab, verify_skip, prefill_skip
+        self._early: RetrievalResult | None = None  # queried before this step's prefill, not yet used
         self.last_step: RetrievalStepStats | None = None  # the latest step that queried the datastore
         self._step_cache: weakref.ref | None = None  # the KV cache identifies the control step
         self._step_sequences: np.ndarray | None = None  # this step's retrieved draft sequences
@@ -205,7 +210,7 @@ class RetrievalProposer(Proposer):
         self._bound = [0 if p in exact else config.max_dev for p in range(config.n_tokens)]  # per-token rule
 
     def reset(self) -> None:
-        self.last_step, self._step_cache, self._step_sequences = None, None, None
+        self.last_step, self._step_cache, self._step_sequences, self._early = None, None, None, None
         if self.fallback is not None:
             self.fallback.reset()
 
@@ -216,20 +221,40 @@ class RetrievalProposer(Proposer):
                 return proposal
             return self.fallback.propose(state) if self.fallback is not None else None
         self._step_cache, self._step_sequences = weakref.ref(state.cache), None
-        if "key" not in state.context:
-            raise ValueError("RetrievalProposer needs state.context['key'] (the pooled vision feature)")
-        stats = self.last_step = RetrievalStepStats()
-        t0 = time.perf_counter()
-        result = self.datastore.query(state.context["key"], state.context.get("task"), self.config.k)
+        result, self._early = self._early, None
+        if result is None:
+            result = self._query(state.context)
+        stats = self.last_step
         t1 = time.perf_counter()
-        stats.retrieval_ms = (t1 - t0) * 1e3
-        stats.fell_back, stats.collection, stats.n_results = result.fell_back, result.collection, len(result)
         proposal = self._proposal(state, result, stats) if len(result) else None
         stats.tree_ms = (time.perf_counter() - t1) * 1e3
         if proposal is None:  # nothing retrieved: this step is the fallback's
             return self.fallback.propose(state) if self.fallback is not None else None
         stats.tree_nodes = len(proposal.tree)
         return proposal
+
+    def before_prefill(self, context: dict) -> list[int] | None:
+        if self.prefill_skip is None:
+            return None
+        result = self._early = self._query(context)
+        if not len(result):
+            return None
+        self.last_step.top1_similarity = float(result.similarities[0])
+        tokens = self.prefill_skip.tokens(result.similarities[0], self.config.sequences(result)[0], self.vocab)
+        if tokens is not None:
+            self._early, self.last_step.skipped, self.last_step.prefill_skipped = None, True, True
+        return tokens
+
+    def _query(self, context: dict) -> RetrievalResult:
+        """This step's Top-K; starts the step's stats."""
+        if "key" not in context:
+            raise ValueError("RetrievalProposer needs context['key'] (the pooled vision feature)")
+        stats = self.last_step = RetrievalStepStats()
+        t0 = time.perf_counter()
+        result = self.datastore.query(context["key"], context.get("task"), self.config.k)
+        stats.retrieval_ms = (time.perf_counter() - t0) * 1e3
+        stats.fell_back, stats.collection, stats.n_results = result.fell_back, result.collection, len(result)
+        return result
 
     def _proposal(self, state: DecodeState, result: RetrievalResult, stats: RetrievalStepStats) -> Proposal | None:
         stats.top1_similarity = float(result.similarities[0])

@@ -6,6 +6,13 @@ with the tokens already emitted (the prefill's free greedy first token: a skippe
 checked on its first token at no cost). theta is calibrated offline (`calibrate_theta`) and
 adapted online after each episode; it lives in the datastore manifest under
 `extras["verify_skip"]["theta"]`.
+
+Prefill skip (ours): the same test one step earlier, on the retrieval key. When the cosine
+similarity of the current image feature to the top-1 entry's is >= its own theta, the top-1
+sequence is the whole action and the target does not run at all (no prefill): the step
+costs vision + one query. Calibrated the same way (its drafts must pass the group-relaxed
+check on every position, the first included, since no free first token exists), adapted
+online, stored under `extras["prefill_skip"]`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from heisd.decoding import AcceptanceRule, ActionVocab, DecodeState, DraftTree, 
 from heisd.retrieval.datastore import Datastore
 
 EXTRAS_KEY = "verify_skip"
+PREFILL_SKIP_KEY = "prefill_skip"
 # Above every cosine similarity: a theta that never skips (precision target unattainable).
 NEVER_SKIP = float(np.nextafter(1.0, 2.0))
 
@@ -31,7 +39,12 @@ def cosine(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
     return float(np.clip(a @ b / denom, -1.0, 1.0)) if denom > 0 else 0.0
 
 
-class VerifySkip:
+class AdaptiveThreshold:
+    """A similarity threshold theta adapted by task outcomes and persisted in the datastore's
+    manifest under `extras[extras_key]["theta"]`."""
+
+    extras_key = ""
+
     def __init__(self, theta: float, eta: float = 0.01, theta_floor: float = 0.5, *,
                  datastore: Datastore | None = None) -> None:
         if not eta > 0 or not 0.0 <= theta_floor <= 1.0:
@@ -41,10 +54,25 @@ class VerifySkip:
         self.last_similarity: float | None = None
 
     @classmethod
-    def from_datastore(cls, datastore: Datastore, eta: float = 0.01, theta_floor: float = 0.5) -> VerifySkip:
+    def from_datastore(cls, datastore: Datastore, eta: float = 0.01, theta_floor: float = 0.5):
         """theta as calibrated / last adapted for this datastore; never skip when uncalibrated."""
-        theta = datastore.extras.get(EXTRAS_KEY, {}).get("theta", NEVER_SKIP)
+        theta = datastore.extras.get(cls.extras_key, {}).get("theta", NEVER_SKIP)
         return cls(theta, eta, theta_floor, datastore=datastore)
+
+    def update(self, success: bool) -> float:
+        """After an episode: success -> theta - eta, failure -> theta + 2 eta, clipped to
+        [theta_floor, 1]; persisted to the datastore manifest when there is one."""
+        step = -self.eta if success else 2.0 * self.eta
+        self.theta = float(np.clip(self.theta + step, self.theta_floor, 1.0))
+        if self.datastore is not None:
+            record = self.datastore.extras.get(self.extras_key, {})
+            updates = int(record.get("online_updates", 0)) + 1
+            self.datastore.update_extras({self.extras_key: {**record, "theta": self.theta, "online_updates": updates}})
+        return self.theta
+
+
+class VerifySkip(AdaptiveThreshold):
+    extras_key = EXTRAS_KEY
 
     def proposal(self, state: DecodeState, stored_hidden: np.ndarray, sequence: Sequence[int],
                  vocab: ActionVocab) -> Proposal | None:
@@ -58,16 +86,17 @@ class VerifySkip:
             return None
         return Proposal(DraftTree.chain(rest), skip_verify=True)
 
-    def update(self, success: bool) -> float:
-        """After an episode: success -> theta - eta, failure -> theta + 2 eta, clipped to
-        [theta_floor, 1]; persisted to the datastore manifest when there is one."""
-        step = -self.eta if success else 2.0 * self.eta
-        self.theta = float(np.clip(self.theta + step, self.theta_floor, 1.0))
-        if self.datastore is not None:
-            record = self.datastore.extras.get(EXTRAS_KEY, {})
-            updates = int(record.get("online_updates", 0)) + 1
-            self.datastore.update_extras({EXTRAS_KEY: {**record, "theta": self.theta, "online_updates": updates}})
-        return self.theta
+
+class PrefillSkip(AdaptiveThreshold):
+    extras_key = PREFILL_SKIP_KEY
+
+    def tokens(self, key_similarity: float, sequence: Sequence[int], vocab: ActionVocab) -> list[int] | None:
+        """The whole `sequence` as the action when the top-1 key is similar enough, else None."""
+        self.last_similarity = float(key_similarity)
+        tokens = [int(t) for t in sequence]
+        if key_similarity < self.theta or not tokens or not all(vocab.is_action(t) for t in tokens):
+            return None
+        return tokens
 
 
 def calibrate_theta(similarities: np.ndarray, passes: np.ndarray, precision: float = 0.95) -> float:

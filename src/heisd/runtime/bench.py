@@ -2,7 +2,7 @@
 
 The ablation ladder of the paper (DESIGN 2.5) is three configurations of `heisd`:
 metric only (kinematic switch, retrieval drafts checked exactly, never skipped) ->
-+ verify-skip -> + group acceptance (= full HeiSD).
++ verify-skip -> + group acceptance (= the paper's full HeiSD); then ours: + prefill skip.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ QUICK_TASKS = ("reach-v3", "drawer-close-v3", "button-press-topdown-v3")
 
 def ladder(base: MethodConfig) -> list[MethodConfig]:
     """All methods and the ablation rungs, from one set of resources and settings."""
-    plain = replace(base, verify_skip=True, group_acceptance=True, metric_only=False)
+    plain = replace(base, verify_skip=True, group_acceptance=True, prefill_skip=True, metric_only=False)
     configs = [replace(plain, method=m) for m in ("ar", "specvla", "specvla-relaxed", "retrieval")]
     configs += [
         replace(plain, method="heisd", metric_only=True),
-        replace(plain, method="heisd", group_acceptance=False),
-        replace(plain, method="heisd"),
+        replace(plain, method="heisd", group_acceptance=False, prefill_skip=False),
+        replace(plain, method="heisd", prefill_skip=False),  # the paper's full HeiSD
+        replace(plain, method="heisd"),  # + prefill skip (ours)
     ]
     return configs
 
@@ -67,7 +68,7 @@ def _folder(mc: MethodConfig) -> str:
 
 
 def report_table(summaries: list[dict]) -> str:
-    head = ("| method | SR (episodes) | speedup | AL | target fwd | latency median / p90 ms | skip rate "
+    head = ("| method | SR (episodes) | speedup | AL | target fwd | latency median / p90 ms | skip rate (prefill) "
             "| retrieval frac | vision / prefill / retrieval / draft / verify / other ms |")
     rows = [head, "|" + "---|" * 9]
     for s in summaries:
@@ -75,7 +76,8 @@ def report_table(summaries: list[dict]) -> str:
         rows.append(
             f"| {s['method']} | {100 * s['sr']:.1f}% ({s['episodes']}) | {s['speedup']:.2f}x | "
             f"{s['acceptance_length']:.2f} | {s['target_forwards']:.2f} | "
-            f"{s['latency_ms']['median']:.1f} / {s['latency_ms']['p90']:.1f} | {s['skip_rate']:.2f} | "
+            f"{s['latency_ms']['median']:.1f} / {s['latency_ms']['p90']:.1f} | "
+            f"{s['skip_rate']:.2f} ({s.get('prefill_skip_rate', 0.0):.2f}) | "
             f"{s['retrieval_fraction']:.2f} | "
             + " / ".join(f"{b[k]:.1f}" for k in ("vision", "prefill", "retrieval", "draft", "verify", "other"))
             + " |"

@@ -6,8 +6,10 @@ per decoding mode, and how a control step picks its mode.
 | ar               | -                                      | no proposer, exact         | drafter             |
 | specvla          | -                                      | drafter tree, exact        | drafter             |
 | specvla-relaxed  | -                                      | drafter tree, token-relaxed| drafter             |
-| retrieval        | group tree (+ skip), group-relaxed     | -                          | retrieval           |
-| heisd            | group tree (+ skip), group-relaxed     | drafter tree, exact        | kinematic switch    |
+| retrieval        | group tree (+ skips), group-relaxed    | -                          | retrieval           |
+| heisd            | group tree (+ skips), group-relaxed    | drafter tree, exact        | kinematic switch    |
+
+Skips: verify-skip (paper) and prefill skip (ours), both calibrated by `heisd calibrate`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class MethodConfig:
     retrieval_fallback: str = "ar"
     continuation: bool = True  # after a rejection, draft the rest from the agreeing retrieved sequences
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
+    prefill_skip: bool = True  # ours: skip the target altogether on a close image key (retrieval mode)
     group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
     switch_threshold: float | None = None  # heisd: override the calibrated kinematic threshold
     metric_only: bool = False  # heisd ablation: kinematic switch with plain (exact, no-skip) retrieval
@@ -67,6 +70,8 @@ class MethodConfig:
                     parts.append("no-skip")
                 if not self.group_acceptance:
                     parts.append("no-group")
+                if not self.prefill_skip:
+                    parts.append("no-prefill-skip")
             if not self.continuation:
                 parts.append("no-continuation")
             if self.retrieval_fallback == "drafter":
@@ -120,7 +125,7 @@ def _drafter_proposer(cfg: MethodConfig, vla):
 
 def _retrieval_proposer(cfg: MethodConfig, vla, fallback, vocab):
     from heisd.decoding import ExactAcceptance
-    from heisd.retrieval import RetrievalConfig, RetrievalProposer, VerifySkip, open_datastore
+    from heisd.retrieval import PrefillSkip, RetrievalConfig, RetrievalProposer, VerifySkip, open_datastore
 
     datastore = open_datastore(cfg.datastore, vla)
     rcfg = RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=cfg.retrieval_k,
@@ -128,8 +133,9 @@ def _retrieval_proposer(cfg: MethodConfig, vla, fallback, vocab):
                                       continue_drafts=cfg.continuation)
     plain = cfg.metric_only  # the ablation's first rung: retrieval drafts checked exactly, never skipped
     skip = VerifySkip.from_datastore(datastore) if cfg.verify_skip and not plain else None
+    early = PrefillSkip.from_datastore(datastore) if cfg.prefill_skip and not plain else None
     rule = rcfg.acceptance() if cfg.group_acceptance and not plain else ExactAcceptance()
-    return RetrievalProposer(datastore, rcfg, fallback, vocab=vocab, verify_skip=skip), rule
+    return RetrievalProposer(datastore, rcfg, fallback, vocab=vocab, verify_skip=skip, prefill_skip=early), rule
 
 
 def _switch(cfg: MethodConfig, datastore):

@@ -38,7 +38,8 @@ def decoding_metrics(step_lists: list[dict]) -> dict:
                          for k in BREAKDOWN_KEYS},
         "target_forwards": float(pooled("target_forwards").mean()),
         "acceptance_length": float(pooled("acceptance_length").mean()),
-        "skip_rate": float(pooled("skipped").mean()),
+        "skip_rate": float(pooled("skipped").mean()),  # any skip: verify-skip or prefill skip
+        "prefill_skip_rate": float((pooled("target_forwards") == 0).mean()),  # the target did not run
         "retrieval_fraction": float(np.mean(np.concatenate([np.asarray(s["mode"]) for s in step_lists]) == "retrieval")),
     }
 

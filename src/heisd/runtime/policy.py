@@ -50,8 +50,10 @@ class VLAPolicy:
     def end_episode(self, success: bool) -> None:
         """Adaptive verify-skip learns from task outcomes (DESIGN 2.3)."""
         retrieval = self.decoders.retrieval
-        if retrieval is not None and retrieval.verify_skip is not None:
-            retrieval.verify_skip.update(success)
+        if retrieval is not None:
+            for skip in (retrieval.verify_skip, retrieval.prefill_skip):
+                if skip is not None:
+                    skip.update(success)
 
     @torch.inference_mode()
     def act(self, image: np.ndarray, state: np.ndarray,
