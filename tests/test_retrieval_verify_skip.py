@@ -62,6 +62,12 @@ def test_online_update_clips_and_persists(built, tmp_path) -> None:
     reloaded = Datastore.load(tmp_path / "store")  # checksums still hold: only the manifest changed
     assert reloaded.extras["verify_skip"] == {"theta": 1.0, "online_updates": 22}
     assert VerifySkip.from_datastore(reloaded, eta=0.05).theta == 1.0
+    reloaded.update_extras({"verify_skip": {"theta": 0.97, "calibrated_theta": 0.96}})
+    adapted = VerifySkip.from_datastore(reloaded)
+    assert adapted.theta == 0.97 and adapted.theta_floor == 0.96  # never below the calibration
+    for _ in range(5):
+        adapted.update(success=True)
+    assert adapted.theta == pytest.approx(0.96)
     memory_only = VerifySkip(0.8)
     memory_only.update(success=True)
     assert memory_only.theta == pytest.approx(0.79)
@@ -69,7 +75,7 @@ def test_online_update_clips_and_persists(built, tmp_path) -> None:
     pre.update(success=True)
     again = Datastore.load(tmp_path / "store")
     assert again.extras["prefill_skip"] == {"theta": pytest.approx(0.89), "online_updates": 1}
-    assert again.extras["verify_skip"]["theta"] == 1.0
+    assert again.extras["verify_skip"]["theta"] == pytest.approx(0.96)
 
 
 def test_prefill_skip_needs_key_similarity_and_a_whole_action() -> None:

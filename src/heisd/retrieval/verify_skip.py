@@ -54,9 +54,17 @@ class AdaptiveThreshold:
         self.last_similarity: float | None = None
 
     @classmethod
-    def from_datastore(cls, datastore: Datastore, eta: float = 0.01, theta_floor: float = 0.5):
-        """theta as calibrated / last adapted for this datastore; never skip when uncalibrated."""
-        theta = datastore.extras.get(cls.extras_key, {}).get("theta", NEVER_SKIP)
+    def from_datastore(cls, datastore: Datastore, eta: float = 0.01, theta_floor: float | None = None):
+        """theta as calibrated / last adapted for this datastore; never skip when uncalibrated.
+
+        The floor defaults to the calibrated theta: failures make skipping more cautious and
+        successes relax it back, never below the held-out precision guarantee. (With the paper's
+        rule alone, a success rate above 2/3 walks theta down without bound.)
+        """
+        record = datastore.extras.get(cls.extras_key, {})
+        theta = record.get("theta", NEVER_SKIP)
+        if theta_floor is None:
+            theta_floor = float(np.clip(record.get("calibrated_theta", 0.5), 0.0, 1.0))
         return cls(theta, eta, theta_floor, datastore=datastore)
 
     def update(self, success: bool) -> float:
