@@ -94,7 +94,11 @@ def test_vocab_layout_and_prefix_shape():
     images, prompt, state, _ = inputs(model)
     emb = model.prefix_embeds(images, prompt, state)
     assert emb.shape == (2, cfg.image_grid ** 2 + 1 + prompt.shape[1], cfg.hidden_size)
-    assert model.pooled_vision_feature(images).shape == (2, 4 * cfg.vision_channels[-1])
+    key = model.retrieval_key(images, state)
+    assert key.shape == (2, 4 * cfg.vision_channels[-1] + cfg.state_dim)
+    prefix, same_key = model.encode_observation(images, prompt, state)  # one CNN pass, same values
+    torch.testing.assert_close(prefix, emb)
+    torch.testing.assert_close(same_key, key)
 
 
 def test_left_padded_prompt_gives_the_same_logits():

@@ -1,6 +1,7 @@
 """Building the datastore from demonstrations with the target VLA (DESIGN 2.1).
 
-One entry per demonstration frame: key = the target's pooled vision feature; payload = the
+One entry per demonstration frame: key = the target's pooled vision feature beside the
+normalized state (`VLA.retrieval_key`); payload = the
 demonstrator's action tokens of this step and the next `n_sequences - 1` steps (frames),
 the target's own greedy tokens and its lm_head-input hidden state at the first action
 position (batched greedy decoding: exactly what the decode loop's prefill and AR steps
@@ -41,7 +42,7 @@ class BuildConfig:
 
 @dataclass
 class EncodedFrames:
-    keys: np.ndarray  # float32 [B, Dk] pooled vision features (not normalized)
+    keys: np.ndarray  # float32 [B, Dk] retrieval keys (`VLA.retrieval_key`; the datastore normalizes them)
     own_tokens: np.ndarray  # int64 [B, n] the target's greedy action tokens
     hidden: np.ndarray  # float32 [B, Dh] lm_head input at the first action position
 
@@ -52,7 +53,8 @@ def encode_frames(vla: VLA, images: np.ndarray, instruction: str, states: np.nda
     images_t = resize_images(torch.from_numpy(np.ascontiguousarray(images)), vla.config.image_size)
     b = len(images_t)
     prompt = vla.encode_prompt(instruction).expand(b, -1)
-    embeds = vla.prefix_embeds(images_t, prompt, torch.from_numpy(np.asarray(states, dtype=np.float32)))
+    states_t = torch.from_numpy(np.asarray(states, dtype=np.float32))
+    embeds = vla.prefix_embeds(images_t, prompt, states_t)
     llm = vla.llm
     cache = DynamicCache(config=llm.config)
     out = llm.model(inputs_embeds=embeds, cache=cache, use_cache=True)
@@ -63,7 +65,7 @@ def encode_frames(vla: VLA, images: np.ndarray, instruction: str, states: np.nda
         out = llm.model(input_ids=token[:, None], cache=cache, use_cache=True)
         token = llm.lm_head(out.last_hidden_state[:, -1]).argmax(-1)
         tokens.append(token)
-    return EncodedFrames(keys=vla.pooled_vision_feature(images_t).numpy().astype(np.float32),
+    return EncodedFrames(keys=vla.retrieval_key(images_t, states_t).numpy().astype(np.float32),
                          own_tokens=torch.stack(tokens, 1).numpy(), hidden=hidden.numpy().astype(np.float32))
 
 
@@ -71,7 +73,8 @@ def encode_frames(vla: VLA, images: np.ndarray, instruction: str, states: np.nda
 def key_dim(vla: VLA) -> int:
     """Width of the retrieval key (asked of the model rather than re-derived from its pooling)."""
     size = vla.config.image_size
-    return int(vla.pooled_vision_feature(torch.zeros(1, size, size, 3, dtype=torch.uint8)).shape[1])
+    state = torch.zeros(1, vla.config.state_dim)
+    return int(vla.retrieval_key(torch.zeros(1, size, size, 3, dtype=torch.uint8), state).shape[1])
 
 
 def demo_tokens(vla: VLA, actions: np.ndarray, n_sequences: int) -> np.ndarray:
