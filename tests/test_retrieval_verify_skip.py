@@ -86,6 +86,7 @@ def test_prefill_skip_needs_key_similarity_and_a_whole_action() -> None:
     assert pre.tokens(0.89, seq, VOCAB) is None
     assert pre.tokens(0.99, seq[:7] + [5], VOCAB) is None  # a non-action token is never emitted blind
     assert PrefillSkip(NEVER_SKIP).tokens(1.0, seq, VOCAB) is None
+    assert PrefillSkip(NEVER_SKIP).tokens(np.float32(1.0000001), seq, VOCAB) is None  # float32 rounding
 
 
 def test_calibrate_theta_on_constructed_data() -> None:

@@ -100,7 +100,8 @@ class PrefillSkip(AdaptiveThreshold):
 
     def tokens(self, key_similarity: float, sequence: Sequence[int], vocab: ActionVocab) -> list[int] | None:
         """The whole `sequence` as the action when the top-1 key is similar enough, else None."""
-        self.last_similarity = float(key_similarity)
+        # float32 cosines can exceed 1 by rounding: clip, so a theta above 1 never skips
+        key_similarity = self.last_similarity = min(float(key_similarity), 1.0)
         tokens = [int(t) for t in sequence]
         if key_similarity < self.theta or not tokens or not all(vocab.is_action(t) for t in tokens):
             return None
