@@ -10,8 +10,9 @@ without one the drafter mode is taken as AR, 1 token per forward); and the kinem
 F over the episode's last w positions.
 theta = `calibrate_theta` over frames where the free first-token guard holds (others never
 skip); the prefill-skip theta the same over the top-1 key similarity, every frame, with the
-check on the whole action (no free first token before a prefill); threshold = `calibrate_threshold` over frames with F (the switch uses the drafter
-before w positions exist). Both, and the numbers behind them, go into the manifest's extras.
+check on the whole action (no free first token before a prefill); threshold =
+`calibrate_threshold` over frames with F (the switch uses the drafter before w positions
+exist). Both, and the numbers behind them, go into the manifest's extras.
 Every decode uses the group-relaxed rule: HeiSD runs one decoder with one acceptance rule.
 """
 
@@ -182,13 +183,15 @@ def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: i
                 result = datastore.query(enc.keys[i], ep.task, k)
                 top = cfg.sequences(result)[0]
                 own = enc.own_tokens[i]
-                guard = bool(top[0] == own[0]) and all(vocab.is_action(int(x)) for x in top)
+                # one check serves both skips: verify-skip also needs the free first token to agree
+                actions = all(vocab.is_action(int(x)) for x in top)
+                passes_full = actions and draft_passes(top, own, rule, vocab)
+                guard = bool(top[0] == own[0]) and actions
                 rows["similarity"].append(cosine(enc.hidden[i], result.hidden[0]))
                 rows["guard"].append(guard)
-                rows["passes"].append(guard and draft_passes(top, own, rule, vocab))
+                rows["passes"].append(guard and passes_full)
                 rows["key_similarity"].append(float(result.similarities[0]))
-                rows["passes_full"].append(all(vocab.is_action(int(x)) for x in top)
-                                           and draft_passes(top, own, rule, vocab))
+                rows["passes_full"].append(passes_full)
                 with torch.no_grad():
                     embeds = vla.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), prompt,
                                                torch.from_numpy(ep.state[t : t + 1]))

@@ -77,7 +77,7 @@ def report_table(summaries: list[dict]) -> str:
             f"| {s['method']} | {100 * s['sr']:.1f}% ({s['episodes']}) | {s['speedup']:.2f}x | "
             f"{s['acceptance_length']:.2f} | {s['target_forwards']:.2f} | "
             f"{s['latency_ms']['median']:.1f} / {s['latency_ms']['p90']:.1f} | "
-            f"{s['skip_rate']:.2f} ({s.get('prefill_skip_rate', 0.0):.2f}) | "
+            f"{s['skip_rate']:.2f} ({s['prefill_skip_rate']:.2f}) | "
             f"{s['retrieval_fraction']:.2f} | "
             + " / ".join(f"{b[k]:.1f}" for k in ("vision", "prefill", "retrieval", "draft", "verify", "other"))
             + " |"
