@@ -94,13 +94,15 @@ def test_tracker_integrates_delta_actions(stats: KinematicStats) -> None:
 def test_switch_straight_fast_vs_small_slow_circle(stats: KinematicStats) -> None:
     switch = KinematicSwitch(CONFIG, stats)
     fast, slow = switch.make_tracker(), switch.make_tracker()
-    assert switch.mode(fast) == "drafter"  # no positions yet
+    assert switch.mode(fast) == ("drafter", None)  # no positions yet
     for p in _line(15, 0.03):
         fast.update(ee_pos=p)
     for p in _tilted_circle(0.015, 15, np.pi / 2):
         slow.update(ee_pos=p)
-    assert switch.mode(fast) == "retrieval" and switch.last_metric == pytest.approx(1.0)
-    assert switch.mode(slow) == "drafter" and switch.last_metric < 0.1
+    mode, metric = switch.mode(fast)
+    assert mode == "retrieval" and metric == pytest.approx(1.0)
+    mode, metric = switch.mode(slow)
+    assert mode == "drafter" and metric < 0.1
 
 
 @pytest.mark.parametrize("field, value", [("alpha", 1.5), ("alpha", -0.1), ("window", 2),

@@ -130,7 +130,7 @@ def test_own_tokens_give_one_verify_and_skip_gives_none(built) -> None:
         for episode, t in ((0, 3), (2, 17)):
             embeds, context = frame(built, episode, t)
             result = decoder.decode(embeds, context)
-            stats = proposer.last_step
+            stats = result.proposer_stats
             assert result.tokens == store.own_tokens[(store.episode == episode) & (store.step == t)][0].tolist()
             assert stats.top1_similarity > 0.9999 and not stats.fell_back and stats.retrieval_ms > 0
             if skip is None:
@@ -188,9 +188,9 @@ def test_emitted_groups_stay_in_bounds_and_later_calls_delegate(built, tmp_path,
                     target = int(vla.llm(inputs_embeds=full).logits[0, -1].argmax())
                 devs.append(abs(vocab.bin(emitted[p]) - vocab.bin(target)))
             assert (sum(devs) == 0) if g in EXACT else (sum(devs) <= 30 and max(devs) <= 15), (g, devs)
-        assert proposer.last_step.tree_nodes > 7 and proposer.last_step.n_results == 8
+        assert result.proposer_stats.tree_nodes > 7 and result.proposer_stats.n_results == 8
         assert all(p > 1 for p in fallback.positions)  # one retrieval per step, then the fallback
-        continued = proposer.last_step.continuations
+        continued = result.proposer_stats.continuations
         assert continued == 0 or continue_drafts
         assert len(fallback.positions) + continued == len(result.accepted_lengths) - 1
     assert deviation > 0  # relaxed acceptance did accept inexact drafts
@@ -203,9 +203,9 @@ def test_unknown_task_searches_global_and_empty_result_falls_back(built, monkeyp
     proposer = RetrievalProposer(store, cfg, vocab=vocab)
     decoder = decoder_for(vla, proposer, cfg)
     embeds, context = frame(built, 0, 4)
-    decoder.decode(embeds, {**context, "task": "open the window"})
-    assert proposer.last_step.fell_back and proposer.last_step.collection == "__global__"
-    assert proposer.last_step.n_results == 3 and proposer.last_step.tree_nodes > 0
+    stats = decoder.decode(embeds, {**context, "task": "open the window"}).proposer_stats
+    assert stats.fell_back and stats.collection == "__global__"
+    assert stats.n_results == 3 and stats.tree_nodes > 0
 
     empty = store.query(context["key"], None, 1)
     empty = type(empty)(**{**{f: getattr(empty, f)[:0] for f in ("indices", "similarities", "tokens", "own_tokens",
@@ -215,7 +215,7 @@ def test_unknown_task_searches_global_and_empty_result_falls_back(built, monkeyp
     fallback = Recorder()
     proposer = RetrievalProposer(store, cfg, fallback, vocab=vocab)
     result = decoder_for(vla, proposer, cfg).decode(embeds, context)
-    assert result.target_forwards == 8 and proposer.last_step.tree_nodes == 0
+    assert result.target_forwards == 8 and result.proposer_stats.tree_nodes == 0
     assert fallback.positions == list(range(1, 8))  # the whole step is the fallback's
     with pytest.raises(ValueError, match="context"):
         decoder_for(vla, proposer, cfg).decode(embeds, {"task": "push"})
@@ -268,7 +268,7 @@ def test_prefill_skip_emits_the_top1_action_without_running_the_target(built, mo
     result = decoder.decode(embeds, context)
     top1 = cfg.sequences(real_query(context["key"], context["task"], cfg.k))[0].tolist()
     assert result.tokens == top1 and result.target_forwards == 0 and result.acceptance_length == 8.0
-    assert result.skipped_tokens == 8 and proposer.last_step.prefill_skipped and len(queries) == 1
+    assert result.skipped_tokens == 8 and result.proposer_stats.prefill_skipped and len(queries) == 1
     monkeypatch.undo()
 
     # a prefill skip that does not fire: the step decodes normally and reuses its one query
@@ -277,7 +277,7 @@ def test_prefill_skip_emits_the_top1_action_without_running_the_target(built, mo
     never = RetrievalProposer(store, cfg, vocab=vocab, prefill_skip=PrefillSkip(NEVER_SKIP))
     plain = RetrievalProposer(store, cfg, vocab=vocab)
     got = decoder_for(vla, never, cfg).decode(embeds, context)
-    assert len(queries) == 1 and not never.last_step.prefill_skipped and got.target_forwards >= 1
+    assert len(queries) == 1 and not got.proposer_stats.prefill_skipped and got.target_forwards >= 1
     assert got.tokens == decoder_for(vla, plain, cfg).decode(embeds, context).tokens
 
 
@@ -293,7 +293,7 @@ def test_a_prefill_skip_must_be_a_whole_action(built) -> None:
         def propose(self, state):
             return None
 
-        def before_prefill(self, context):
+        def begin_step(self, context):
             return self.tokens
 
     cfg = RetrievalConfig()

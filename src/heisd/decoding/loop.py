@@ -57,13 +57,22 @@ class DecodeState:
 
 
 class Proposer(ABC):
-    """Where drafts come from. ``None`` means: take a plain AR step."""
+    """Where drafts come from. ``None`` means: take a plain AR step.
+
+    The loop brackets every control step: ``begin_step`` before anything runs, ``propose``
+    any number of times, ``end_step`` once the action is out (its stats land in the result).
+    """
 
     @abstractmethod
     def propose(self, state: DecodeState) -> Proposal | None: ...
 
-    def before_prefill(self, context: dict[str, Any]) -> list[int] | None:
-        """A whole action to emit with no target forward at all (prefill skip), or None."""
+    def begin_step(self, context: dict[str, Any]) -> list[int] | None:
+        """A new control step: forget the last step's state. May return a whole action to emit
+        with no target forward at all (prefill skip); None lets the step run the target."""
+        return None
+
+    def end_step(self) -> Any:
+        """What this proposer did in the step just decoded (`DecodeResult.proposer_stats`), or None."""
         return None
 
     def reset(self) -> None:
@@ -86,6 +95,7 @@ class DecodeResult:
     skipped_tokens: int  # tokens accepted with no verify pass
     deviation: int  # summed bin deviation of accepted drafts from the target's greedy tokens
     timing: Timing = field(default_factory=Timing)
+    proposer_stats: Any = None  # the proposer's `end_step()` for this step (e.g. RetrievalStepStats)
 
     @property
     def acceptance_length(self) -> float:
@@ -119,13 +129,13 @@ class SpeculativeDecoder:
         """Greedy-decode one action of ``n_tokens`` tokens after ``prefix_embeds`` [1, P, d]."""
         n, timing, context = self.config.n_tokens, Timing(), context if context is not None else {}
         start = self._now()
-        early = self.proposer.before_prefill(context) if self.proposer is not None else None
+        early = self.proposer.begin_step(context) if self.proposer is not None else None
         if early is not None:
             self._check_skip(DraftTree.chain(early))
             if len(early) != n:
                 raise ValueError(f"a prefill skip must be a whole action of {n} tokens, got {len(early)}")
             timing.draft_ms = (self._now() - start) * 1e3
-            return DecodeResult(list(early), 0, [], n, 0, timing)
+            return DecodeResult(list(early), 0, [], n, 0, timing, self.proposer.end_step())
         t = self._now()
         pre = self.verifier.prefill(prefix_embeds)
         timing.prefill_ms = (self._now() - t) * 1e3
@@ -161,9 +171,10 @@ class SpeculativeDecoder:
             pending = [acc.bonus]
             accepted_lengths.append(len(acc.nodes))
             deviation += acc.deviation
+        stats = self.proposer.end_step() if self.proposer is not None else None
         total_ms = (self._now() - start) * 1e3
         timing.other_ms = total_ms - timing.prefill_ms - timing.draft_ms - timing.verify_ms
-        return DecodeResult(emitted, forwards, accepted_lengths, skipped, deviation, timing)
+        return DecodeResult(emitted, forwards, accepted_lengths, skipped, deviation, timing, stats)
 
     def _check_skip(self, tree: DraftTree) -> None:
         # A skipped draft is accepted blindly, so it must be a plain sequence of action tokens.

@@ -41,21 +41,22 @@ class DrafterProposer(Proposer):
         self.tree = tree or TreeConfig()
         if self.tree.topk > drafter.config.n_bins:
             raise ValueError(f"topk {self.tree.topk} exceeds the {drafter.config.n_bins} action tokens")
-        self._prefill: torch.Tensor | None = None  # prefill_hidden of the action being decoded
-        self._features: dict[int, torch.Tensor] = {}  # action position -> target feature that predicted it
+        self._features: dict[int, torch.Tensor] = {}  # this step: action position -> target feature that predicted it
+
+    def begin_step(self, context: dict) -> None:
+        self._features = {}
 
     def reset(self) -> None:
-        self._prefill, self._features = None, {}
+        self._features = {}
 
     def _context(self, state: DecodeState) -> torch.Tensor | None:
         """[k, d] target features of the k emitted tokens, or None where some are unknown.
 
         ``state.hidden`` holds only the latest pass, so features are remembered across the
-        calls of one action. After a verify-skip the target has not seen the skipped tokens:
+        calls of one action (`begin_step` forgets them). After a verify-skip the target has not seen the skipped tokens:
         their features do not exist yet and no draft is made (the loop takes an AR step).
         """
-        if state.prefill_hidden is not self._prefill:  # a new action
-            self._prefill, self._features = state.prefill_hidden, {0: state.prefill_hidden}
+        self._features.setdefault(0, state.prefill_hidden)
         k, m = len(state.emitted), len(state.hidden)
         for j in range(m):
             self._features[k - m + j] = state.hidden[j]

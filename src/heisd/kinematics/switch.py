@@ -16,22 +16,22 @@ class KinematicSwitch:
     def __init__(self, config: KinematicConfig, stats: KinematicStats) -> None:
         stats.check(config)
         self.config, self.stats = config, stats
-        self.last_metric: float | None = None  # F of the latest decision, for logging
 
     def make_tracker(self, delta_scale: float | None = None) -> TrajectoryTracker:
         """A tracker with this switch's window and statistics."""
         return TrajectoryTracker(self.config, self.stats, delta_scale)
 
     def decide(self, metric: float | None) -> Mode:
-        self.last_metric = metric
         if metric is None:  # fewer than w positions: no kinematic evidence yet
             return "drafter"
         return "retrieval" if metric >= self.config.threshold else "drafter"
 
-    def mode(self, tracker: TrajectoryTracker) -> Mode:
+    def mode(self, tracker: TrajectoryTracker) -> tuple[Mode, float | None]:
+        """This step's mode and the F it was decided on (None before w positions)."""
         if (tracker.config, tracker.stats) != (self.config, self.stats):
             raise ValueError("tracker was built with another config or stats (use make_tracker)")
-        return self.decide(tracker.fused())
+        metric = tracker.fused()
+        return self.decide(metric), metric
 
 
 def calibrate_threshold(metrics: np.ndarray, tpf_retrieval: np.ndarray, tpf_drafter: np.ndarray,

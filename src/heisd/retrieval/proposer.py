@@ -6,7 +6,7 @@ The loop verifies it once. After a rejected group (the verify pass emitted the t
 token there), a later call of the same step first drafts the rest from the step's retrieved
 sequences that agree with everything emitted so far (`continue_drafts`, ours: no new query,
 no draft model); when none agrees it goes to the fallback proposer (the drafter; None = plain
-AR), as in HeiSD. A step is recognised by its KV cache: every `decode` call prefills a fresh one.
+AR), as in HeiSD. The loop's `begin_step` marks each new control step.
 
 Where drafts start. The prefill already emitted the target's free greedy first token
 (emitted[0], the first position of group 0), so drafts cover positions `state.position`..
@@ -23,7 +23,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -168,7 +167,7 @@ def _new_tokens(trie: dict[tuple[int, int], int], node: int, value: tuple[int, .
 
 @dataclass
 class RetrievalStepStats:
-    """What retrieval did in one control step (read `RetrievalProposer.last_step`)."""
+    """What retrieval did in one control step (`DecodeResult.proposer_stats`)."""
 
     retrieval_ms: float = 0.0  # datastore query
     tree_ms: float = 0.0  # candidate filtering + tree building (+ the verify-skip test)
@@ -186,12 +185,12 @@ class RetrievalStepStats:
 class RetrievalProposer(Proposer):
     """Drafts from the datastore on the first call of each control step, then delegates.
 
-    Needs `state.context["key"]` (np.float32 [Dk], the pooled vision feature) and
-    `state.context["task"]` (str or None). A task without a collection of its own searches
-    the global collection (`last_step.fell_back`); an empty result proposes nothing beyond
-    what the fallback proposes. With `verify_skip`, a confident top-1 draft skips the verify;
-    with `prefill_skip`, one whose image key is close enough skips the target altogether
-    (the query then runs before the prefill, and the step's later proposal reuses it).
+    Needs `context["key"]` (np.float32 [Dk], the pooled vision feature) and `context["task"]`
+    (str or None). A task without a collection of its own searches the global collection
+    (`RetrievalStepStats.fell_back`); an empty result proposes nothing beyond what the fallback
+    proposes. With `verify_skip`, a confident top-1 draft skips the verify; with `prefill_skip`,
+    one whose image key is close enough skips the target altogether (the query then runs in
+    `begin_step`, before the prefill, and the step's first proposal reuses it).
     """
 
     def __init__(self, datastore: Datastore, config: RetrievalConfig, fallback: Proposer | None = None, *,
@@ -202,61 +201,69 @@ class RetrievalProposer(Proposer):
                              f"{datastore.manifest['n_tokens']}")
         self.datastore, self.config, self.fallback = datastore, config, fallback
         self.vocab, self.verify_skip, self.prefill_skip = vocab, verify_skip, prefill_skip
-        self._early: RetrievalResult | None = None  # queried before this step's prefill, not yet used
-        self.last_step: RetrievalStepStats | None = None  # the latest step that queried the datastore
-        self._step_cache: weakref.ref | None = None  # the KV cache identifies the control step
-        self._step_sequences: np.ndarray | None = None  # this step's retrieved draft sequences
         exact = {p for g in config.exact_groups for p in config.groups[g]}
         self._bound = [0 if p in exact else config.max_dev for p in range(config.n_tokens)]  # per-token rule
+        self._reset_step({})
+
+    def _reset_step(self, context: dict) -> None:
+        self._context = context  # this step's query key and task
+        self._result: RetrievalResult | None = None  # this step's Top-K, once queried
+        self._drafted = False  # the step's first tree was proposed: later calls continue or fall back
+        self._step_sequences: np.ndarray | None = None  # this step's retrieved draft sequences
+        self._stats = RetrievalStepStats()
 
     def reset(self) -> None:
-        self.last_step, self._step_cache, self._step_sequences, self._early = None, None, None, None
+        self._reset_step({})
         if self.fallback is not None:
             self.fallback.reset()
 
+    def begin_step(self, context: dict) -> list[int] | None:
+        self._reset_step(context)
+        if self.fallback is not None:
+            self.fallback.begin_step(context)  # a fallback never skips the prefill for us
+        if self.prefill_skip is None:
+            return None
+        result = self._query()
+        if not len(result):
+            return None
+        self._stats.top1_similarity = float(result.similarities[0])
+        tokens = self.prefill_skip.tokens(result.similarities[0], self.config.sequences(result)[0], self.vocab)
+        if tokens is not None:
+            self._stats.skipped = self._stats.prefill_skipped = True
+        return tokens
+
+    def end_step(self) -> RetrievalStepStats:
+        return self._stats
+
     def propose(self, state: DecodeState) -> Proposal | None:
-        if self._step_cache is not None and self._step_cache() is state.cache:
+        if self._drafted:
             proposal = self._continuation(state)
             if proposal is not None:
                 return proposal
             return self.fallback.propose(state) if self.fallback is not None else None
-        self._step_cache, self._step_sequences = weakref.ref(state.cache), None
-        result, self._early = self._early, None
-        if result is None:
-            result = self._query(state.context)
-        stats = self.last_step
+        self._drafted = True
+        result = self._result if self._result is not None else self._query()
         t1 = time.perf_counter()
-        proposal = self._proposal(state, result, stats) if len(result) else None
-        stats.tree_ms = (time.perf_counter() - t1) * 1e3
+        proposal = self._proposal(state, result) if len(result) else None
+        self._stats.tree_ms = (time.perf_counter() - t1) * 1e3
         if proposal is None:  # nothing retrieved: this step is the fallback's
             return self.fallback.propose(state) if self.fallback is not None else None
-        stats.tree_nodes = len(proposal.tree)
+        self._stats.tree_nodes = len(proposal.tree)
         return proposal
 
-    def before_prefill(self, context: dict) -> list[int] | None:
-        if self.prefill_skip is None:
-            return None
-        result = self._early = self._query(context)
-        if not len(result):
-            return None
-        self.last_step.top1_similarity = float(result.similarities[0])
-        tokens = self.prefill_skip.tokens(result.similarities[0], self.config.sequences(result)[0], self.vocab)
-        if tokens is not None:
-            self._early, self.last_step.skipped, self.last_step.prefill_skipped = None, True, True
-        return tokens
-
-    def _query(self, context: dict) -> RetrievalResult:
-        """This step's Top-K; starts the step's stats."""
-        if "key" not in context:
-            raise ValueError("RetrievalProposer needs context['key'] (the pooled vision feature)")
-        stats = self.last_step = RetrievalStepStats()
+    def _query(self) -> RetrievalResult:
+        """This step's Top-K, timed."""
+        if "key" not in self._context:
+            raise ValueError("RetrievalProposer needs context['key'] (the pooled vision feature) in begin_step")
+        stats = self._stats
         t0 = time.perf_counter()
-        result = self.datastore.query(context["key"], context.get("task"), self.config.k)
+        result = self._result = self.datastore.query(self._context["key"], self._context.get("task"), self.config.k)
         stats.retrieval_ms = (time.perf_counter() - t0) * 1e3
         stats.fell_back, stats.collection, stats.n_results = result.fell_back, result.collection, len(result)
         return result
 
-    def _proposal(self, state: DecodeState, result: RetrievalResult, stats: RetrievalStepStats) -> Proposal | None:
+    def _proposal(self, state: DecodeState, result: RetrievalResult) -> Proposal | None:
+        stats = self._stats
         stats.top1_similarity = float(result.similarities[0])
         sequences = self._step_sequences = self.config.sequences(result)
         if self.verify_skip is not None:
@@ -274,8 +281,8 @@ class RetrievalProposer(Proposer):
             return None
         agree = self._agreeing(self._step_sequences, state.emitted)
         proposal = self._tree(state, self._step_sequences[agree]) if agree.any() else None
-        if proposal is not None and self.last_step is not None:
-            self.last_step.continuations += 1
+        if proposal is not None:
+            self._stats.continuations += 1
         return proposal
 
     def _tree(self, state: DecodeState, sequences: np.ndarray) -> Proposal | None:

@@ -77,7 +77,8 @@ class VLAPolicy:
         cfg = self.vla.config
         actions = self.vla.action_tokenizer.decode(np.asarray(result.tokens).reshape(cfg.chunk, cfg.action_dim))
         t2 = time.perf_counter()
-        retrieval_ms = self._retrieval_ms(mode)
+        # retrieval's query time is part of the loop's draft time: report it on its own
+        retrieval_ms = getattr(result.proposer_stats, "retrieval_ms", 0.0)
         timing = result.timing
         breakdown = {
             "vision": (t1 - t0) * 1e3,
@@ -100,11 +101,4 @@ class VLAPolicy:
             return self.decoders.fixed_mode, None
         for ee_pos in ee_path:
             self._tracker.update(ee_pos=ee_pos)
-        mode = self.decoders.switch.mode(self._tracker)
-        return mode, self.decoders.switch.last_metric
-
-    def _retrieval_ms(self, mode: str) -> float:
-        retrieval = self.decoders.retrieval
-        if mode != "retrieval" or retrieval is None or retrieval.last_step is None:
-            return 0.0
-        return retrieval.last_step.retrieval_ms
+        return self.decoders.switch.mode(self._tracker)
