@@ -30,7 +30,7 @@ VOCAB = 300  # base vocab: action ids 44..299
 PADDED = 304  # embedding rows; 300..303 are pad ids, never actions
 NON_ACTION = (7, 301)  # non-action ids the target sometimes emits
 HIDDEN = 32
-ACTIONS = ActionVocab(VOCAB)
+ACTIONS = ActionVocab(VOCAB, 256)
 MARGIN = 1e-3  # skip cases whose greedy top-2 logits are closer than this (fp32 ties)
 
 
@@ -173,7 +173,7 @@ def test_exact_acceptance_is_lossless(case):
             torch.testing.assert_close(state.hidden[j], ref_hidden[state.position - m + j], atol=1e-4, rtol=0)
 
     proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"], on_state=check_state)
-    config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB)
+    config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB, n_bins=256)
     decoder = SpeculativeDecoder(Verifier(model), config, proposer, ExactAcceptance())
     result = decoder.decode(embeds)
     assert result.tokens == reference[: case["n"]]
@@ -209,7 +209,7 @@ def relaxed_decode(case, acceptance, guard=assume):
     model, embeds = tiny_target(case["seed"]), prefix(case["seed"], case["prefix_len"])
     reference, _ = reference_ar(model, embeds, case["n"])
     proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"])
-    config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB)
+    config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB, n_bins=256)
     result = SpeculativeDecoder(Verifier(model), config, proposer, acceptance).decode(embeds)
     assert len(result.tokens) == case["n"]
     devs, margin = emitted_deviations(model, embeds, result.tokens)
@@ -240,7 +240,7 @@ def test_token_relaxed_stays_within_r(case, r):
 @FAST
 @given(scenarios(max_offset=20, n=8, max_correct=2))
 def test_group_relaxed_groups_within_bounds(case):
-    result, devs = relaxed_decode(case, GroupRelaxedAcceptance(GROUPS, exact_groups=[1, 3]))
+    result, devs = relaxed_decode(case, GroupRelaxedAcceptance(GROUPS, max_sum=30, max_dev=15, exact_groups=[1, 3]))
     check_groups(devs)
     event(f"relaxed tokens emitted: {bool(result.deviation)}")
 
@@ -253,7 +253,7 @@ def test_near_drafts_are_accepted_relaxed_and_bounded():
         case = dict(seed=seed, prefix_len=4, n=8, ar_steps=(), specs=[spec])
         result, devs = relaxed_decode(case, TokenRelaxedAcceptance(9), require)
         assert result.accepted_lengths[0] >= 1 and result.deviation > 0 and max(devs) <= 9
-        result, devs = relaxed_decode(case, GroupRelaxedAcceptance(GROUPS, exact_groups=[1, 3]), require)
+        result, devs = relaxed_decode(case, GroupRelaxedAcceptance(GROUPS, max_sum=30, max_dev=15, exact_groups=[1, 3]), require)
         assert result.accepted_lengths[0] in (0, 2)  # positions 1, 2 (the rest of group 0) or nothing
         check_groups(devs)
         group_deviations.append(result.deviation)
@@ -297,7 +297,7 @@ def test_commit_compacts_to_the_accepted_path(branch):
 @pytest.mark.parametrize("n", [1, 5, 8])
 def test_ar_is_the_loop_without_proposer(n):
     model, embeds = tiny_target(2), prefix(2, 6)
-    result = SpeculativeDecoder(Verifier(model), DecodeConfig(n_tokens=n, vocab_size=VOCAB)).decode(embeds)
+    result = SpeculativeDecoder(Verifier(model), DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)).decode(embeds)
     assert result.tokens == reference_ar(model, embeds, n)[0]
     assert result.target_forwards == n and result.accepted_lengths == [0] * (n - 1)
     assert result.acceptance_length == 1.0
@@ -307,7 +307,7 @@ def test_ar_is_the_loop_without_proposer(n):
 def test_correct_chain_draft_takes_two_forwards_and_skip_takes_one():
     model, embeds = tiny_target(0), prefix(0, 3)
     reference = reference_ar(model, embeds, 8)[0]
-    config = DecodeConfig(n_tokens=8, vocab_size=VOCAB)
+    config = DecodeConfig(n_tokens=8, vocab_size=VOCAB, n_bins=256)
     drafted = SpeculativeDecoder(Verifier(model), config, ScriptedProposer([reference])).decode(embeds)
     stop = next((i for i in range(1, 8) if not ACTIONS.is_action(reference[i])), 8)
     assert drafted.tokens == reference and drafted.accepted_lengths[0] == stop - 1
@@ -326,7 +326,7 @@ def test_partial_skip_then_verify_continues_from_skipped_tokens():
         def propose(self, state):
             return Proposal(DraftTree.chain(wrong[1:]), skip_verify=True) if state.position == 1 else None
 
-    config = DecodeConfig(n_tokens=7, vocab_size=VOCAB)
+    config = DecodeConfig(n_tokens=7, vocab_size=VOCAB, n_bins=256)
     result = SpeculativeDecoder(Verifier(model), config, SkipThenAR()).decode(embeds)
     assert result.tokens[1:4] == wrong[1:] and result.target_forwards == 1 + 3
     for i in range(4, 7):
@@ -335,7 +335,7 @@ def test_partial_skip_then_verify_continues_from_skipped_tokens():
 
 def test_bad_skip_proposals_raise():
     model, embeds = tiny_target(0), prefix(0, 3)
-    config = DecodeConfig(n_tokens=4, vocab_size=VOCAB)
+    config = DecodeConfig(n_tokens=4, vocab_size=VOCAB, n_bins=256)
     for tree in [DraftTree.from_sequences([[100], [101]]), DraftTree.chain([7])]:
 
         class Bad(Proposer):
@@ -349,5 +349,5 @@ def test_bad_skip_proposals_raise():
 def test_decoder_rejects_groups_of_another_action_size():
     with pytest.raises(ValueError, match="positions"):
         SpeculativeDecoder(
-            Verifier(tiny_target(0)), DecodeConfig(n_tokens=7, vocab_size=VOCAB), None, GroupRelaxedAcceptance(GROUPS)
+            Verifier(tiny_target(0)), DecodeConfig(n_tokens=7, vocab_size=VOCAB, n_bins=256), None, GroupRelaxedAcceptance(GROUPS, max_sum=30, max_dev=15)
         )

@@ -14,7 +14,7 @@ from heisd.decoding import (
     TokenRelaxedAcceptance,
 )
 
-VOCAB = ActionVocab(300)  # action ids 44..299, bin b <-> token 299 - b
+VOCAB = ActionVocab(300, 256)  # action ids 44..299, bin b <-> token 299 - b
 
 
 def tok(b: int) -> int:
@@ -182,13 +182,13 @@ def test_decoded_groups_cover_the_action():
 )
 def test_bad_groups_raise(groups, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        GroupRelaxedAcceptance(groups, **kwargs)
+        GroupRelaxedAcceptance(groups, **{"max_sum": 30, "max_dev": 15, **kwargs})
 
 
 def test_bad_parameters_raise():
     with pytest.raises(ValueError, match="r must be >= 0"):
         TokenRelaxedAcceptance(-1)
     with pytest.raises(ValueError, match="n_tokens"):
-        DecodeConfig(n_tokens=0)
+        DecodeConfig(n_tokens=0, vocab_size=300, n_bins=256)
     with pytest.raises(ValueError, match="n_bins"):
-        DecodeConfig(vocab_size=100, n_bins=256)
+        DecodeConfig(n_tokens=8, vocab_size=100, n_bins=256)

@@ -48,7 +48,7 @@ def tiny_llm(seed: int = 0, hidden: int = HIDDEN) -> LlamaForCausalLM:
 
 
 def random_drafter(seed: int = 0, **target_kwargs) -> Drafter:
-    target = DrafterTarget(tiny_llm(), VOCAB, **target_kwargs)
+    target = DrafterTarget(tiny_llm(), VOCAB, 256, **target_kwargs)
     torch.manual_seed(seed)
     return Drafter(DrafterConfig.for_target(target), target)
 
@@ -80,11 +80,11 @@ def test_save_load_round_trip(tmp_path):
 
 def test_loading_refuses_other_targets_and_broken_files(tmp_path):
     random_drafter().save_pretrained(tmp_path / "ok")
-    good = DrafterTarget(tiny_llm(), VOCAB)
+    good = DrafterTarget(tiny_llm(), VOCAB, 256)
     cases = [
-        (DrafterTarget(tiny_llm(hidden=64), VOCAB), "hidden size: drafter 32 vs target 64"),
-        (DrafterTarget(tiny_llm(), VOCAB - 10), "vocab size: drafter 300 vs target 290"),
-        (DrafterTarget(tiny_llm(), VOCAB, fingerprint="abc"), "trained against target None, bound to target abc"),
+        (DrafterTarget(tiny_llm(hidden=64), VOCAB, 256), "hidden size: drafter 32 vs target 64"),
+        (DrafterTarget(tiny_llm(), VOCAB - 10, 256), "vocab size: drafter 300 vs target 290"),
+        (DrafterTarget(tiny_llm(), VOCAB, 256, fingerprint="abc"), "trained against target None, bound to target abc"),
     ]
     for target, message in cases:
         with pytest.raises(DrafterError, match=message):
@@ -143,7 +143,7 @@ def test_proposer_needs_features_of_every_emitted_token():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_drafter_proposals_are_lossless_with_exact_acceptance(seed):
-    verifier, cfg = Verifier(tiny_llm()), DecodeConfig(N, VOCAB)
+    verifier, cfg = Verifier(tiny_llm()), DecodeConfig(N, VOCAB, 256)
     ar = SpeculativeDecoder(verifier, cfg).decode(prefix(seed))
     sd = SpeculativeDecoder(verifier, cfg, DrafterProposer(random_drafter(seed)), ExactAcceptance())
     out = sd.decode(prefix(seed))
@@ -171,7 +171,7 @@ def test_drafter_trained_on_the_target_is_accepted():
     feats = rollout(llm, prefixes, torch.ones(512, 4), N)
     drafter = random_drafter()
     fit(drafter, feats, DrafterTrainConfig(steps=300, batch_size=64, lr=3e-3, warmup_steps=20))
-    verifier, cfg = Verifier(llm), DecodeConfig(N, VOCAB)
+    verifier, cfg = Verifier(llm), DecodeConfig(N, VOCAB, 256)
     ar, sd = SpeculativeDecoder(verifier, cfg), SpeculativeDecoder(verifier, cfg, DrafterProposer(drafter))
     lengths = []
     for seed in range(10):  # prefixes not seen in training
@@ -214,7 +214,7 @@ def test_batched_rollout_matches_the_decode_loop(tmp_path):
     records, _ = read_episodes([demos], vla.config.image_size)
     frames = build_frames(records, vla.text_tokenizer, vla.action_tokenizer, vla.config.chunk)
     feats = vla_features(vla, frames, batch_size=4, desc="test")
-    decoder = SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(N, vla.config.vocab_size))
+    decoder = SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(N, vla.config.vocab_size, 256))
     for i in range(len(frames)):
         b = frames.batch(torch.tensor([i]))
         real = b["prompt_mask"][0].bool()

@@ -104,7 +104,7 @@ def test_stored_tokens_and_hidden_match_the_decode_loop(built) -> None:
     vla, store = built["vla"], open_datastore(built["store"], built["vla"])
     with DemoFile(built["demos"]) as f:
         ep = f.episode("demo_1")
-    decoder = SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(8, vla.config.vocab_size))
+    decoder = SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(8, vla.config.vocab_size, 256))
     rows = np.flatnonzero(store.episode == 1)
     for t in (0, 11):
         with torch.no_grad():

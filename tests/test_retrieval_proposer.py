@@ -31,7 +31,7 @@ def test_action_groups_layouts() -> None:
     assert action_groups(4, 2) == (GROUPS, EXACT)
     assert action_groups(7, 1) == ([[0, 1, 2], [3, 4, 5], [6]], [2])
     cfg = RetrievalConfig.for_action(4, 2)
-    assert cfg.groups == RetrievalConfig().groups and cfg.exact_groups == (1, 3) and cfg.n_tokens == 8
+    assert cfg.groups == ((0, 1, 2), (3,), (4, 5, 6), (7,)) and cfg.exact_groups == (1, 3) and cfg.n_tokens == 8
 
 
 def paths_by_group(tree, start: int) -> list[list[tuple[int, ...]]]:
@@ -117,13 +117,13 @@ def frame(built, episode: int, t: int):
 
 
 def decoder_for(vla, proposer, cfg: RetrievalConfig) -> SpeculativeDecoder:
-    return SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(8, vla.config.vocab_size), proposer, cfg.acceptance())
+    return SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(8, vla.config.vocab_size, 256), proposer, cfg.acceptance())
 
 
 def test_own_tokens_give_one_verify_and_skip_gives_none(built) -> None:
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
-    vocab, cfg = ActionVocab(vla.config.vocab_size), RetrievalConfig()
+    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2)
     for skip in (None, VerifySkip(theta=0.99)):
         proposer = RetrievalProposer(store, cfg, vocab=vocab, verify_skip=skip)
         decoder = decoder_for(vla, proposer, cfg)
@@ -152,7 +152,7 @@ class Recorder(Proposer):
 def near_store(vla, greedy: list[int], key: np.ndarray, path, seed: int) -> Datastore:
     """8 entries around `key` whose tokens lie within 12 bins of `greedy`, grippers (mostly) exact."""
     rng = np.random.default_rng(seed)
-    vocab = ActionVocab(vla.config.vocab_size)
+    vocab = ActionVocab(vla.config.vocab_size, vla.config.n_bins)
     writer = DatastoreWriter(key_dim=len(key), hidden_dim=32, n_tokens=8, n_sequences=1, target_fingerprint="t")
     for _ in range(8):
         bins = np.clip(np.array([vocab.bin(t) for t in greedy]) + rng.integers(-12, 13, 8), 0, 255)
@@ -169,7 +169,7 @@ def test_emitted_groups_stay_in_bounds_and_later_calls_delegate(built, tmp_path,
     """Drafts near (not at) the target's greedy tokens: whatever is emitted must be within the
     group bounds of the target's greedy token given the emitted prefix."""
     vla = built["vla"]
-    vocab, cfg = ActionVocab(vla.config.vocab_size), RetrievalConfig(node_budget=24, continue_drafts=continue_drafts)
+    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2, node_budget=24, continue_drafts=continue_drafts)
     embeds, context = frame(built, 1, 5)
     greedy = decoder_for(vla, None, cfg).decode(embeds).tokens
     deviation = 0
@@ -199,7 +199,7 @@ def test_emitted_groups_stay_in_bounds_and_later_calls_delegate(built, tmp_path,
 def test_unknown_task_searches_global_and_empty_result_falls_back(built, monkeypatch) -> None:
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
-    vocab, cfg = ActionVocab(vla.config.vocab_size), RetrievalConfig(payload="both", k=3)
+    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2, payload="both", k=3)
     proposer = RetrievalProposer(store, cfg, vocab=vocab)
     decoder = decoder_for(vla, proposer, cfg)
     embeds, context = frame(built, 0, 4)
@@ -224,8 +224,8 @@ def test_unknown_task_searches_global_and_empty_result_falls_back(built, monkeyp
 def test_inconsistent_first_tokens_are_dropped(built) -> None:
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
-    vocab = ActionVocab(vla.config.vocab_size)
-    proposer = RetrievalProposer(store, RetrievalConfig(), vocab=vocab)
+    vocab = ActionVocab(vla.config.vocab_size, vla.config.n_bins)
+    proposer = RetrievalProposer(store, RetrievalConfig.for_action(4, 2), vocab=vocab)
     first = vla.config.vocab_size - 1 - 100  # bin 100
     seqs = np.array([[first - 40] + [first] * 7,  # 40 bins off the emitted token: inconsistent
                      [first + 15] + [first - 1] * 7,  # 15 bins: within max_dev
@@ -238,8 +238,8 @@ def test_inconsistent_first_tokens_are_dropped(built) -> None:
 def test_continuation_drafts_the_rest_from_agreeing_sequences_only(built) -> None:
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
-    vocab = ActionVocab(vla.config.vocab_size)
-    proposer = RetrievalProposer(store, RetrievalConfig(), vocab=vocab)
+    vocab = ActionVocab(vla.config.vocab_size, vla.config.n_bins)
+    proposer = RetrievalProposer(store, RetrievalConfig.for_action(4, 2), vocab=vocab)
     t = vla.config.vocab_size - 1 - 100  # bin 100
     seqs = np.array([[t, t - 60, t, t, t - 1, t - 1, t - 1, t],  # position 1 is 60 bins off what was emitted
                      [t, t - 2, t, t, t - 5, t - 5, t - 5, t],
@@ -249,7 +249,7 @@ def test_continuation_drafts_the_rest_from_agreeing_sequences_only(built) -> Non
     tree = proposer._continuation(state).tree
     assert tree.is_chain() and tree.tokens.tolist() == seqs[1, 4:].tolist()
     assert proposer._continuation(SimpleNamespace(emitted=[t, t - 90], position=2)) is None  # nobody agrees
-    proposer = RetrievalProposer(store, RetrievalConfig(continue_drafts=False), vocab=vocab)
+    proposer = RetrievalProposer(store, RetrievalConfig.for_action(4, 2, continue_drafts=False), vocab=vocab)
     proposer._step_sequences = seqs
     assert proposer._continuation(state) is None
 
@@ -257,7 +257,7 @@ def test_continuation_drafts_the_rest_from_agreeing_sequences_only(built) -> Non
 def test_prefill_skip_emits_the_top1_action_without_running_the_target(built, monkeypatch) -> None:
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
-    vocab, cfg = ActionVocab(vla.config.vocab_size), RetrievalConfig()
+    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2)
     embeds, context = frame(built, 0, 4)
     queries = []
     real_query = store.query
@@ -296,7 +296,7 @@ def test_a_prefill_skip_must_be_a_whole_action(built) -> None:
         def begin_step(self, context):
             return self.tokens
 
-    cfg = RetrievalConfig()
+    cfg = RetrievalConfig.for_action(4, 2)
     assert decoder_for(vla, Early(action.tolist()), cfg).decode(embeds).tokens == action.tolist()
     with pytest.raises(ValueError, match="whole action"):
         decoder_for(vla, Early(action[:7].tolist()), cfg).decode(embeds)

@@ -20,8 +20,8 @@ from heisd.retrieval.verify_skip import NEVER_SKIP, PrefillSkip, VerifySkip, cal
 torch.set_num_threads(1)
 faiss.omp_set_num_threads(1)
 
-VOCAB = ActionVocab(1000)  # action ids 744..999; bin b = token 999 - b
-RULE = GroupRelaxedAcceptance([[0, 1, 2], [3], [4, 5, 6], [7]], exact_groups=[1, 3])
+VOCAB = ActionVocab(1000, 256)  # action ids 744..999; bin b = token 999 - b
+RULE = GroupRelaxedAcceptance([[0, 1, 2], [3], [4, 5, 6], [7]], max_sum=30, max_dev=15, exact_groups=[1, 3])
 
 
 class Cache:

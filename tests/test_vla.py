@@ -22,7 +22,7 @@ TINY = {"hidden_size": 32, "n_layers": 1, "intermediate_size": 64, "image_size":
 
 # ----- action tokenizer -----
 def test_action_tokenizer_hand_computed():
-    tok = ActionTokenizer(1000, q01=np.array([-2.0, 0.0]), q99=np.array([2.0, 1.0]))
+    tok = ActionTokenizer(1000, q01=np.array([-2.0, 0.0]), q99=np.array([2.0, 1.0]), n_bins=256)
     # -2 -> -1 -> digitize 1 -> id 999 (bin 0). q99 normalizes to just below 1 (OpenVLA's
     # 1e-8 in the denominator) -> digitize 255 -> id 745 (bin 254)
     assert tok.encode(np.array([-2.0, 1.0])).tolist() == [999, 745]
@@ -30,8 +30,8 @@ def test_action_tokenizer_hand_computed():
     assert tok.encode(np.array([0.0, 0.5])).tolist() == [872, 872]
     # out of the q01/q99 range clips to exactly +-1; +1 is the only value in bin 255 (id 744)
     assert tok.encode(np.array([-9.0, 9.0])).tolist() == [999, 744]
-    assert tok.token_to_bin(999) == 0 and tok.bin_to_token(255) == 744
-    assert tok.is_action_token(np.array([743, 744, 999, 1000])).tolist() == [False, True, True, False]
+    assert tok.vocab.bin(999) == 0 and tok.vocab.token(255) == 744
+    assert tok.vocab.is_action(np.array([743, 744, 999, 1000])).tolist() == [False, True, True, False]
     # decode: id 872 -> index clip(1000-872-1) = 127 -> center (edge127 + edge128)/2 = 0.0
     np.testing.assert_allclose(tok.decode(np.array([872, 872])), [0.0, 0.5], atol=1e-6)
     # id 744 (bin 255) decodes into the last of the 255 centers, like OpenVLA
@@ -42,10 +42,10 @@ def test_action_tokenizer_hand_computed():
 def test_action_tokenizer_round_trip_within_half_a_bin():
     rng = np.random.default_rng(0)
     q01, q99 = np.array([-1.0, -0.5, 0.0, -1.0]), np.array([1.0, 0.5, 2.0, 1.0])
-    tok = ActionTokenizer(32000, q01, q99)
+    tok = ActionTokenizer(32000, q01, q99, n_bins=256)
     actions = rng.uniform(q01, q99, size=(50, 2, 4))
     ids = tok.encode(actions)
-    assert ids.shape == (50, 2, 4) and tok.is_action_token(ids).all()
+    assert ids.shape == (50, 2, 4) and tok.vocab.is_action(ids).all()
     assert ids.min() >= 31744 and ids.max() <= 31999
     bin_width = (q99 - q01) * (2 / 255) / 2
     assert (np.abs(tok.decode(ids) - actions) <= bin_width / 2 + 1e-6).all()

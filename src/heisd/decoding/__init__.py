@@ -3,7 +3,6 @@
 from heisd.decoding.acceptance import (
     Acceptance,
     AcceptanceRule,
-    ActionVocab,
     ExactAcceptance,
     GroupRelaxedAcceptance,
     TokenRelaxedAcceptance,
@@ -18,6 +17,7 @@ from heisd.decoding.loop import (
     Timing,
 )
 from heisd.decoding.tree import DraftTree
+from heisd.decoding.vocab import ActionVocab
 from heisd.decoding.verifier import Prefill, Verification, Verifier
 
 __all__ = [

@@ -15,20 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from heisd.decoding.tree import DraftTree
-
-
-@dataclass(frozen=True)
-class ActionVocab:
-    """Action tokens are the last ``n_bins`` ids of the base vocab: bin b <-> token vocab_size - 1 - b."""
-
-    vocab_size: int  # base vocab size; the embedding may be padded larger (pad ids are never actions)
-    n_bins: int = 256
-
-    def is_action(self, token: int) -> bool:
-        return self.vocab_size - self.n_bins <= token < self.vocab_size
-
-    def bin(self, token: int) -> int:
-        return self.vocab_size - 1 - token
+from heisd.decoding.vocab import ActionVocab
 
 
 @dataclass
@@ -103,7 +90,7 @@ class ExactAcceptance(AcceptanceRule):
 class TokenRelaxedAcceptance(AcceptanceRule):
     """SpecVLA: keep a draft token within ``r`` bins of the target's greedy token."""
 
-    def __init__(self, r: int = 9):
+    def __init__(self, r: int):
         if r < 0:
             raise ValueError(f"r must be >= 0, got {r}")
         self.r = r
@@ -123,8 +110,8 @@ class GroupRelaxedAcceptance(AcceptanceRule):
     def __init__(
         self,
         groups: Sequence[Sequence[int]],
-        max_sum: int = 30,
-        max_dev: int = 15,
+        max_sum: int,
+        max_dev: int,
         exact_groups: Sequence[int] = (),
     ):
         flat = [int(p) for g in groups for p in g]

@@ -21,9 +21,9 @@ from heisd.decoding.verifier import Verifier
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    n_tokens: int = 8  # action tokens per inference (mw: 2 actions x (dx dy dz grip))
-    vocab_size: int = 32000  # base vocab size; action tokens are its last n_bins ids
-    n_bins: int = 256  # action bins per dimension
+    n_tokens: int  # action tokens per inference (the target's; mw: 2 actions x (dx dy dz grip))
+    vocab_size: int  # base vocab size; action tokens are its last n_bins ids
+    n_bins: int  # action bins per dimension
 
     def __post_init__(self) -> None:
         if self.n_tokens < 1:

@@ -30,6 +30,8 @@ from torch.nn import functional as F
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from heisd.decoding.vocab import ActionVocab
+
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -44,7 +46,7 @@ class DrafterTarget:
 
     llm: PreTrainedModel  # the target causal LM: its input embeddings and lm_head are used frozen
     vocab_size: int  # base vocab; action ids are its last n_bins ids
-    n_bins: int = 256  # action bins per dimension
+    n_bins: int  # action bins per dimension
     fingerprint: str | None = None  # identifies the target's weights; None for a bare LM (tests)
 
     @classmethod
@@ -65,7 +67,7 @@ class DrafterConfig:
     hidden_size: int  # = the target's hidden size: the drafter reads and predicts target features
     vocab_size: int  # target's base vocab (action ids are its last n_bins ids)
     padded_vocab_size: int  # target's embedding / lm_head rows (pad ids are never drafted)
-    n_bins: int = 256  # action bins per dimension
+    n_bins: int  # action bins per dimension (the target's)
     n_heads: int = 4  # attention heads of the one decoder layer
     n_kv_heads: int = 4  # key/value heads (GQA when < n_heads)
     intermediate_size: int = 1024  # MLP width of the decoder layer
@@ -135,7 +137,7 @@ class Drafter(nn.Module):
 
     @property
     def first_action_id(self) -> int:
-        return self.config.vocab_size - self.config.n_bins
+        return ActionVocab(self.config.vocab_size, self.config.n_bins).first_id
 
     def forward(
         self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,

@@ -56,9 +56,9 @@ def action_groups(action_dim: int, chunk: int) -> tuple[list[list[int]], list[in
 
 @dataclass(frozen=True)
 class RetrievalConfig:
+    groups: tuple[tuple[int, ...], ...]  # the robot's action groups (`for_action`; mw: xyz | g | xyz' | g')
+    exact_groups: tuple[int, ...]  # gripper groups: must match exactly, stay with their result
     k: int = 8  # Top-K entries retrieved per step (paper: unstated)
-    groups: tuple[tuple[int, ...], ...] = ((0, 1, 2), (3,), (4, 5, 6), (7,))  # mw: xyz | g | xyz' | g'
-    exact_groups: tuple[int, ...] = (1, 3)  # gripper groups: must match exactly, stay with their result
     max_sum: int = 30  # group-relaxed bounds (paper, 256 bins); also judge first-token consistency
     max_dev: int = 15
     node_budget: int = 32  # draft tokens per tree (CPU: a 32-node tree costs ~1.15x an 8-token chain)
@@ -299,7 +299,6 @@ class RetrievalProposer(Proposer):
             if not self.vocab.is_action(tok):
                 ok &= sequences[:, p] == tok
                 continue
-            bins = self.vocab.vocab_size - 1 - sequences[:, p].astype(np.int64)
-            actions = (bins >= 0) & (bins < self.vocab.n_bins)
-            ok &= actions & (np.abs(bins - self.vocab.bin(tok)) <= self._bound[p])
+            column = sequences[:, p].astype(np.int64)
+            ok &= self.vocab.is_action(column) & (np.abs(self.vocab.bin(column) - self.vocab.bin(tok)) <= self._bound[p])
         return ok

@@ -14,10 +14,20 @@ Skips: verify-skip (paper) and prefill skip (ours), both calibrated by `heisd ca
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from heisd.drafter.proposer import TreeConfig
+from heisd.retrieval.proposer import RetrievalConfig
+
 METHODS = ("ar", "specvla", "specvla-relaxed", "retrieval", "heisd")
+
+
+def default_of(config: type, name: str):
+    """The default of dataclass field `name`: each default is written once, in its own config."""
+    field = next(f for f in dataclasses.fields(config) if f.name == name)
+    return field.default
 
 
 @dataclass(frozen=True)
@@ -25,19 +35,17 @@ class MethodConfig:
     method: str  # one of METHODS
     drafter: str | None = None  # drafter checkpoint dir (specvla*, heisd; optional fallback for retrieval)
     datastore: str | None = None  # datastore dir (retrieval, heisd)
-    relaxed_r: int = 9  # token-relaxed bound in bins (SpecVLA default)
-    tree_topk: int = 4  # drafter tree: children per node
-    # drafter tree: one drafter pass per level costs ~1 ms here, so a shallow tree pays best
-    # (depth 3 / 8 nodes: SpecVLA 0.87x vs 0.69x at depth 4 / 16 nodes, BENCHMARKS 3 and 3.1)
-    tree_depth: int = 3
-    tree_budget: int = 8  # drafter tree: total nodes
-    retrieval_k: int = 8  # Top-K results per query
-    retrieval_budget: int = 32  # retrieval tree: total nodes
-    payload: str = "own"  # retrieval drafts from the target's own tokens, demo tokens, or both
+    relaxed_r: int = 9  # token-relaxed bound in bins (SpecVLA's default)
+    tree_topk: int = default_of(TreeConfig, "topk")  # drafter tree: children per node
+    tree_depth: int = default_of(TreeConfig, "depth")  # drafter tree: depth (one drafter pass per level)
+    tree_budget: int = default_of(TreeConfig, "budget")  # drafter tree: total nodes
+    retrieval_k: int = default_of(RetrievalConfig, "k")  # Top-K results per query
+    retrieval_budget: int = default_of(RetrievalConfig, "node_budget")  # retrieval tree: total nodes
+    payload: str = default_of(RetrievalConfig, "payload")  # drafts from the target's own tokens, demo tokens, or both
     # after a rejected retrieval group: plain "ar" (default: on CPU a drafter pass costs more than
     # the target step it saves, BENCHMARKS 3.1) or "drafter" SD as in the paper
     retrieval_fallback: str = "ar"
-    continuation: bool = True  # after a rejection, draft the rest from the agreeing retrieved sequences
+    continuation: bool = default_of(RetrievalConfig, "continue_drafts")  # after a rejection, draft the rest
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
     prefill_skip: bool = True  # ours: skip the target altogether on a close image key (retrieval mode)
     group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
@@ -86,14 +94,25 @@ class Decoders:
 
     by_mode: dict  # mode name -> SpeculativeDecoder
     switch: object | None  # KinematicSwitch for heisd, else None (single mode)
-    retrieval: object | None  # the RetrievalProposer (for per-step stats and skip updates)
+    retrieval: object | None  # the RetrievalProposer (for skip-threshold updates)
 
     @property
     def fixed_mode(self) -> str | None:
         return next(iter(self.by_mode)) if self.switch is None else None
 
 
-def build_decoders(cfg: MethodConfig, vla) -> Decoders:
+def build_decoders(cfg: MethodConfig, vla, datastore=None) -> Decoders:
+    """The method's decoders and, for heisd, its kinematic switch. `datastore`: an opened
+    `cfg.datastore` (else it is opened here)."""
+    by_mode, retrieval = mode_decoders(cfg, vla, datastore)
+    if cfg.method != "heisd":
+        return Decoders(by_mode, None, retrieval)
+    return Decoders(by_mode, _switch(cfg, retrieval.datastore), retrieval)
+
+
+def mode_decoders(cfg: MethodConfig, vla, datastore=None) -> tuple[dict, object | None]:
+    """({mode: SpeculativeDecoder}, the RetrievalProposer or None): every decoder a method runs,
+    built one way for eval, replay, bench and calibrate, so what is calibrated is what runs."""
     from heisd.decoding import (DecodeConfig, ExactAcceptance, SpeculativeDecoder, TokenRelaxedAcceptance,
                                 Verifier)
 
@@ -102,35 +121,42 @@ def build_decoders(cfg: MethodConfig, vla) -> Decoders:
                         n_bins=vla.config.n_bins)
     drafter = _drafter_proposer(cfg, vla) if cfg.drafter else None
     if cfg.method == "ar":
-        return Decoders({"drafter": SpeculativeDecoder(verifier, dcfg)}, None, None)
+        return {"drafter": SpeculativeDecoder(verifier, dcfg)}, None
     if cfg.method in ("specvla", "specvla-relaxed"):
         rule = TokenRelaxedAcceptance(cfg.relaxed_r) if cfg.method == "specvla-relaxed" else ExactAcceptance()
-        return Decoders({"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None, None)
+        return {"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None
     fallback = drafter if cfg.retrieval_fallback == "drafter" else None
-    retrieval, rule = _retrieval_proposer(cfg, vla, fallback=fallback, vocab=SpeculativeDecoder(verifier, dcfg).vocab)
+    retrieval, rule = _retrieval_proposer(cfg, vla, datastore, fallback, SpeculativeDecoder(verifier, dcfg).vocab)
     by_mode = {"retrieval": SpeculativeDecoder(verifier, dcfg, retrieval, rule)}
-    if cfg.method == "retrieval":
-        return Decoders(by_mode, None, retrieval)
-    by_mode["drafter"] = SpeculativeDecoder(verifier, dcfg, drafter, ExactAcceptance())
-    return Decoders(by_mode, _switch(cfg, retrieval.datastore), retrieval)
+    if cfg.method == "heisd":
+        # a fallback and the drafter mode share one proposer: its per-step state is bracketed
+        # by begin_step, and one control step runs one mode
+        by_mode["drafter"] = SpeculativeDecoder(verifier, dcfg, drafter, ExactAcceptance())
+    return by_mode, retrieval
 
 
 def _drafter_proposer(cfg: MethodConfig, vla):
-    from heisd.drafter import Drafter, DrafterProposer, DrafterTarget, TreeConfig
+    from heisd.drafter import Drafter, DrafterProposer, DrafterTarget
 
     drafter = Drafter.from_pretrained(Path(cfg.drafter), DrafterTarget.from_vla(vla))
     drafter.eval()
     return DrafterProposer(drafter, TreeConfig(cfg.tree_topk, cfg.tree_depth, cfg.tree_budget))
 
 
-def _retrieval_proposer(cfg: MethodConfig, vla, fallback, vocab):
-    from heisd.decoding import ExactAcceptance
-    from heisd.retrieval import PrefillSkip, RetrievalConfig, RetrievalProposer, VerifySkip, open_datastore
-
-    datastore = open_datastore(cfg.datastore, vla)
-    rcfg = RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=cfg.retrieval_k,
+def retrieval_config(cfg: MethodConfig, vla) -> RetrievalConfig:
+    """The retrieval settings of `cfg` for this target's action layout."""
+    return RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=cfg.retrieval_k,
                                       node_budget=cfg.retrieval_budget, payload=cfg.payload,
                                       continue_drafts=cfg.continuation)
+
+
+def _retrieval_proposer(cfg: MethodConfig, vla, datastore, fallback, vocab):
+    from heisd.decoding import ExactAcceptance
+    from heisd.retrieval import PrefillSkip, RetrievalProposer, VerifySkip, open_datastore
+
+    if datastore is None:
+        datastore = open_datastore(cfg.datastore, vla)
+    rcfg = retrieval_config(cfg, vla)
     plain = cfg.metric_only  # the ablation's first rung: retrieval drafts checked exactly, never skipped
     skip = VerifySkip.from_datastore(datastore) if cfg.verify_skip and not plain else None
     early = PrefillSkip.from_datastore(datastore) if cfg.prefill_skip and not plain else None

@@ -55,7 +55,7 @@ def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: li
         _, ref = reference.act(ep.images[t], ep.state[t], moved)
         ar_latencies.append(ref.latency_ms)
         ours, greedy = np.asarray(rec.tokens), np.asarray(ref.tokens)
-        bins = np.abs(tokenizer.token_to_bin(ours).astype(int) - tokenizer.token_to_bin(greedy).astype(int))
+        bins = np.abs(tokenizer.vocab.bin(ours.astype(int)) - tokenizer.vocab.bin(greedy.astype(int)))
         rows.append((rec, (ours != greedy).mean(), bins.mean(), bins.max(), ep.task))
     if not rows:
         raise ValueError(f"no frames to replay in {[str(p) for p in paths]}")

@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from heisd.decoding.vocab import ActionVocab
+
 # OpenVLA's guard against q99 == q01 (a constant action dimension)
 _EPS = 1e-8
 
 
 class ActionTokenizer:
-    def __init__(self, vocab_size: int, q01: np.ndarray, q99: np.ndarray, n_bins: int = 256):
+    def __init__(self, vocab_size: int, q01: np.ndarray, q99: np.ndarray, n_bins: int):
         self.vocab_size = int(vocab_size)
         self.n_bins = int(n_bins)
         self.q01 = np.asarray(q01, dtype=np.float64)
         self.q99 = np.asarray(q99, dtype=np.float64)
         if self.q01.shape != self.q99.shape or self.q01.ndim != 1:
             raise ValueError(f"q01 {self.q01.shape} and q99 {self.q99.shape} must be equal 1-d shapes")
-        if self.vocab_size < self.n_bins:
-            raise ValueError(f"vocab_size {vocab_size} must hold the {n_bins} action ids")
+        self.vocab = ActionVocab(self.vocab_size, self.n_bins)  # validates the sizes
         self.bins = np.linspace(-1.0, 1.0, self.n_bins)
         self.bin_centers = (self.bins[:-1] + self.bins[1:]) / 2.0
-        self.first_action_id = self.vocab_size - self.n_bins
 
     @property
     def action_dim(self) -> int:
@@ -45,22 +45,13 @@ class ActionTokenizer:
         actions = np.asarray(actions)
         if actions.shape[-1] != self.action_dim:
             raise ValueError(f"actions have {actions.shape[-1]} dims, tokenizer has {self.action_dim}")
-        return (self.vocab_size - np.digitize(self.normalize(actions), self.bins)).astype(np.int64)
+        # digitize gives 1..n_bins for values in [-1, 1]: bin = that - 1
+        return self.vocab.token(np.digitize(self.normalize(actions), self.bins) - 1).astype(np.int64)
 
     def decode(self, ids: np.ndarray) -> np.ndarray:
         """token ids [..., A] -> actions [..., A] (raw units, float32) at the bin centers."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.shape[-1] != self.action_dim:
             raise ValueError(f"ids have {ids.shape[-1]} dims, tokenizer has {self.action_dim}")
-        index = np.clip(self.vocab_size - ids - 1, 0, self.n_bins - 2)
+        index = np.clip(self.vocab.bin(ids), 0, self.n_bins - 2)
         return self.unnormalize(self.bin_centers[index]).astype(np.float32)
-
-    # Arithmetic only, so these work on numpy arrays, torch tensors and ints alike.
-    def token_to_bin(self, ids):
-        return self.vocab_size - 1 - ids
-
-    def bin_to_token(self, bins):
-        return self.vocab_size - 1 - bins
-
-    def is_action_token(self, ids):
-        return (ids >= self.first_action_id) & (ids < self.vocab_size)

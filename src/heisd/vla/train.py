@@ -84,8 +84,8 @@ def evaluate(model: VLA, frames: Frames, max_frames: int, batch_size: int = 256)
         loss_sum += loss.item() * len(part)
         correct.append(logits.argmax(-1) == batch["action_ids"])
         # bin error of the best action token (a non-action argmax has no bin)
-        best = logits[..., tok.first_action_id:tok.vocab_size].argmax(-1) + tok.first_action_id
-        bin_err.append((tok.token_to_bin(best) - tok.token_to_bin(batch["action_ids"])).abs().float())
+        best = logits[..., tok.vocab.first_id:tok.vocab_size].argmax(-1) + tok.vocab.first_id
+        bin_err.append((tok.vocab.bin(best) - tok.vocab.bin(batch["action_ids"])).abs().float())
     model.train(was_training)
     ok = torch.cat(correct)
     return {"val_loss": loss_sum / len(idx), "val_acc": ok.float().mean().item(),
