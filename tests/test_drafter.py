@@ -25,7 +25,8 @@ from heisd.decoding import (
 )
 from heisd.drafter import Drafter, DrafterConfig, DrafterError, DrafterProposer, DrafterTarget, TreeConfig
 from heisd.drafter.model import additive_mask
-from heisd.drafter.train import DrafterTrainConfig, Features, drafter_loss, fit, rollout, vla_features
+from heisd.decoding.rollout import Features, greedy_rollout
+from heisd.drafter.train import DrafterTrainConfig, drafter_loss, fit, vla_features
 from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
 from heisd.vla.frames import build_frames, read_episodes
 
@@ -168,7 +169,7 @@ def test_training_on_synthetic_features_lowers_the_loss():
 def test_drafter_trained_on_the_target_is_accepted():
     llm = tiny_llm()
     prefixes = torch.randn(512, 4, HIDDEN, generator=torch.Generator().manual_seed(1))
-    feats = rollout(llm, prefixes, torch.ones(512, 4), N)
+    feats = greedy_rollout(llm, prefixes, N)
     drafter = random_drafter()
     fit(drafter, feats, DrafterTrainConfig(steps=300, batch_size=64, lr=3e-3, warmup_steps=20))
     verifier, cfg = Verifier(llm), DecodeConfig(N, VOCAB, 256)

@@ -35,7 +35,9 @@ def _available() -> dict[str, str]:
     return found
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
+def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, str]]:
+    """The parser with the flags of `command` only (building a command's flags may import
+    torch), so `heisd --help` stays fast."""
     parser = argparse.ArgumentParser(
         prog="heisd",
         description="Hybrid speculative decoding for vision-language-action models.",
@@ -48,12 +50,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
             name, help=mod.HELP, description=mod.HELP,
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
-        mod.add_arguments(p)
+        if name == command:
+            mod.add_arguments(p)
     return parser, available
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, available = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser, available = build_parser(command)
     args = parser.parse_args(argv)
     mod = importlib.import_module(f"heisd.commands.{available[args.command]}")
     try:

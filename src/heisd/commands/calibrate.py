@@ -13,7 +13,8 @@ skip); the prefill-skip theta the same over the top-1 key similarity, every fram
 check on the whole action (no free first token before a prefill); threshold =
 `calibrate_threshold` over frames with F (the switch uses the drafter before w positions
 exist). Both, and the numbers behind them, go into the manifest's extras.
-Every decode uses the group-relaxed rule: HeiSD runs one decoder with one acceptance rule.
+The decoders are the method's own (`runtime.methods.mode_decoders`, from the same flags as
+eval): retrieval mode with its acceptance rule, drafter mode with exact acceptance.
 """
 
 from __future__ import annotations
@@ -30,16 +31,15 @@ FRAMES_KEY = "calibration_frames"  # extras: per-frame numbers behind both
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from heisd.commands.common import add_decoding_arguments
+
     p.add_argument("--target", type=Path, required=True, help="target VLA checkpoint directory")
     p.add_argument("--datastore", type=Path, required=True, help="datastore built for this target")
     p.add_argument("--demos", type=Path, nargs="+", required=True, help="held-out HDF5 demonstrations")
     p.add_argument("--precision", type=float, default=0.95, help="required precision of skipped drafts")
     p.add_argument("--frames", type=int, default=512, help="held-out frames sampled (all if fewer)")
-    p.add_argument("--payload", choices=["own", "demo", "both"], default="own", help="tokens drafted from")
-    p.add_argument("--k", type=int, default=8, help="Top-K retrieved")
-    p.add_argument("--drafter", type=Path, help="drafter directory (else drafter mode = AR)")
-    p.add_argument("--retrieval-fallback", choices=["ar", "drafter"], default="ar",
-                   help="after a rejected retrieval group: plain AR or drafter SD (as the method will run)")
+    # the decoders are built from these exactly as eval builds them: set them as the method will run
+    add_decoding_arguments(p)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0, help="frame sampling")
 
@@ -48,24 +48,20 @@ def run(args: argparse.Namespace) -> int:
     import faiss
     import torch
 
+    from heisd.commands.common import method_config
     from heisd.retrieval.build import open_datastore
     from heisd.vla import VLA
 
     if args.frames < 1 or not 0 < args.precision <= 1:
         raise SystemExit("--frames must be >= 1 and --precision in (0, 1]")
+    # heisd's decoders when a drafter is given (drafter mode as the method runs it), else
+    # retrieval's (drafter mode taken as AR); skips off: calibration measures verified decoding
+    method = method_config(args, "heisd" if args.drafter else "retrieval", verify_skip=False, prefill_skip=False)
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(1)  # one query per control step, as at run time
     vla = VLA.from_pretrained(args.target)
     datastore = open_datastore(args.datastore, vla)
-    drafter = None
-    if args.drafter is not None:
-        from heisd.drafter import Drafter, DrafterTarget
-
-        drafter = Drafter.from_pretrained(args.drafter, DrafterTarget.from_vla(vla))
-    if args.retrieval_fallback == "drafter" and drafter is None:
-        raise SystemExit("--retrieval-fallback drafter needs --drafter")
-    report = calibrate(vla, datastore, args.demos, args.precision, args.frames, args.payload, args.k, args.seed,
-                       drafter, args.retrieval_fallback)
+    report = calibrate(vla, datastore, args.demos, method, args.precision, args.frames, args.seed)
     skip, hybrid = report["verify_skip"], report["hybrid"]
     print(f"{'held-out frames':<22}{skip['frames_total']} ({skip['frames']} with the first-token guard)")
     print(f"{'top-1 hidden cos':<22}median {skip['similarity_median']:.4f}   draft passes {skip['pass_rate']:.2f}")
@@ -82,14 +78,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.95, n_frames: int = 512,
-              payload: str = "own", k: int = 8, seed: int = 0, drafter=None,
-              retrieval_fallback: str = "ar") -> dict[str, Any]:
-    """Measure the held-out frames, set theta and the threshold, persist them; returns what was stored."""
+def calibrate(vla, datastore, demos: Sequence[str | Path], method, precision: float = 0.95, n_frames: int = 512,
+              seed: int = 0) -> dict[str, Any]:
+    """Measure the held-out frames with `method`'s decoders (a retrieval or heisd `MethodConfig`,
+    skips off), set theta and the threshold, persist them; returns what was stored."""
     from heisd.kinematics import calibrate_threshold
     from heisd.retrieval.verify_skip import EXTRAS_KEY, PREFILL_SKIP_KEY, calibrate_theta
 
-    m = _measure(vla, datastore, demos, n_frames, payload, k, seed, drafter, retrieval_fallback)
+    m = _measure(vla, datastore, demos, method, n_frames, seed)
     theta = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision)
     skipped = m["guard"] & (m["similarity"] >= theta)
     theta_pre = calibrate_theta(m["key_similarity"], m["passes_full"], precision)
@@ -104,7 +100,8 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.
     use_r = m["F"][has_f] >= threshold
     skip = {
         "theta": theta, "calibrated_theta": theta, "precision_target": precision, "online_updates": 0,
-        "frames": int(m["guard"].sum()), "frames_total": len(tpf_r), "payload": payload, "k": k,
+        "frames": int(m["guard"].sum()), "frames_total": len(tpf_r), "payload": method.payload,
+        "k": method.retrieval_k,
         "skip_rate": float(skipped.mean()), "pass_rate": float(m["passes"].mean()),
         "achieved_precision": float(m["passes"][skipped].mean()) if skipped.any() else float("nan"),
         "similarity_median": float(np.median(m["similarity"])),
@@ -117,8 +114,8 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.
         "similarity_median": float(np.median(m["key_similarity"])),
     }
     hybrid = {
-        "threshold": threshold, "frames": int(has_f.sum()), "drafter": "ar" if drafter is None else "drafter",
-        "retrieval_fallback": retrieval_fallback,
+        "threshold": threshold, "frames": int(has_f.sum()), "drafter": "drafter" if method.drafter else "ar",
+        "retrieval_fallback": method.retrieval_fallback,
         "retrieval_fraction": float(use_r.mean()),
         "expected_tpf": float(np.where(use_r, tpf_r[has_f], tpf_d[has_f]).mean()),
         "tpf_retrieval_mean": float(tpf_r[has_f].mean()), "tpf_drafter_mean": float(tpf_d[has_f].mean()),
@@ -130,33 +127,23 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], precision: float = 0.
     return {"verify_skip": skip, "prefill_skip": prefill, "hybrid": hybrid}
 
 
-def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: int,
-             drafter, retrieval_fallback: str) -> dict[str, np.ndarray]:
+def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> dict[str, np.ndarray]:
     import torch
     from tqdm import tqdm
 
     from heisd.data.dataset import DemoFile
-    from heisd.decoding import ActionVocab, DecodeConfig, SpeculativeDecoder, Verifier
     from heisd.kinematics import KinematicConfig, KinematicStats, fused_metric
     from heisd.retrieval.build import KINEMATIC_STATS_KEY, encode_frames
-    from heisd.retrieval.proposer import RetrievalConfig, RetrievalProposer
     from heisd.retrieval.verify_skip import cosine, draft_passes
+    from heisd.runtime.methods import mode_decoders
 
     kin_config = KinematicConfig(**datastore.extras.get("kinematic_config", {}))
     kin_stats = KinematicStats.from_dict(datastore.extras[KINEMATIC_STATS_KEY])
-    cfg = RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=k, payload=payload)
-    vocab = ActionVocab(vla.config.vocab_size, vla.config.n_bins)
-    rule = cfg.acceptance()
-    verifier, decode_cfg = Verifier(vla.llm), DecodeConfig(cfg.n_tokens, vocab.vocab_size, vocab.n_bins)
-
-    def drafter_proposer():
-        from heisd.drafter import DrafterProposer
-
-        return DrafterProposer(drafter) if drafter is not None else None
-
-    fallback = drafter_proposer() if retrieval_fallback == "drafter" else None
-    retrieval = SpeculativeDecoder(verifier, decode_cfg, RetrievalProposer(datastore, cfg, fallback, vocab=vocab), rule)
-    drafting = SpeculativeDecoder(verifier, decode_cfg, drafter_proposer(), rule)
+    decoders, proposer = mode_decoders(method, vla, datastore)
+    retrieval, drafting = decoders["retrieval"], decoders.get("drafter")
+    cfg, vocab = proposer.config, retrieval.vocab
+    rule = retrieval.acceptance  # skipped drafts must pass the rule the method accepts with
+    k = cfg.k
     lengths = []
     for path in demos:  # pass 1: which frames exist (successful episodes only)
         with DemoFile(path) as f:
@@ -197,7 +184,7 @@ def _measure(vla, datastore, demos, n_frames: int, payload: str, k: int, seed: i
                                                torch.from_numpy(ep.state[t : t + 1]))
                 context = {"key": enc.keys[i], "task": ep.task}
                 rows["tpf_verified"].append(retrieval.decode(embeds, context).acceptance_length)
-                rows["tpf_drafter"].append(drafting.decode(embeds).acceptance_length if drafter else 1.0)
+                rows["tpf_drafter"].append(drafting.decode(embeds).acceptance_length if drafting else 1.0)
                 window = ep.ee_pos[t - w + 1 : t + 1] if t + 1 >= w else None
                 rows["F"].append(np.nan if window is None else fused_metric(window, kin_stats, kin_config))
                 bar.update(1)

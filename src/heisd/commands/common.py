@@ -1,37 +1,51 @@
-"""Flags shared by the commands that run a method (eval, replay, bench)."""
+"""Flags shared by the commands that run a method (eval, replay, bench) or calibrate one.
+
+Every default shown here is read from `MethodConfig` (which reads the component configs), so a
+default lives in one place.
+"""
 
 from __future__ import annotations
 
 import argparse
 
 
+def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    """What shapes the decoders a method runs (also what `calibrate` must decode with)."""
+    from heisd.runtime.methods import MethodConfig, default_of
+
+    d = lambda name: default_of(MethodConfig, name)  # noqa: E731
+    p.add_argument("--drafter", default=None, help="drafter checkpoint directory (specvla*, heisd)")
+    p.add_argument("--tree-topk", type=int, default=d("tree_topk"), help="drafter tree: children per node")
+    p.add_argument("--tree-depth", type=int, default=d("tree_depth"),
+                   help="drafter tree: depth (drafter passes per proposal)")
+    p.add_argument("--tree-budget", type=int, default=d("tree_budget"), help="drafter tree: total nodes")
+    p.add_argument("--retrieval-k", type=int, default=d("retrieval_k"), help="retrieval Top-K")
+    p.add_argument("--retrieval-budget", type=int, default=d("retrieval_budget"), help="retrieval tree: total nodes")
+    p.add_argument("--payload", default=d("payload"), choices=["own", "demo", "both"],
+                   help="retrieval drafts from the target's own tokens, the demonstrator's, or both")
+    p.add_argument("--retrieval-fallback", default=d("retrieval_fallback"), choices=["drafter", "ar"],
+                   help="how a step continues after a rejected retrieval group (and no agreeing retrieved "
+                        "sequence): plain AR (cheaper on CPU) or drafter SD as in the paper")
+    p.add_argument("--no-continuation", action="store_true",
+                   help="ablation: after a rejected retrieval group, go straight to the fallback instead of "
+                        "drafting the rest from the retrieved sequences that agree with what was emitted")
+    p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
+
+
 def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> None:
-    from heisd.runtime.methods import METHODS
+    from heisd.runtime.methods import METHODS, MethodConfig, default_of
 
     if method:
         p.add_argument("--method", default="ar", choices=METHODS, help="decoding method")
     p.add_argument("--benchmark", default="mw", choices=["mw"], help="benchmark")
     p.add_argument("--target", default="checkpoints/vla", help="target VLA checkpoint directory")
-    p.add_argument("--drafter", default=None, help="drafter checkpoint directory (specvla*, heisd)")
     p.add_argument("--datastore", default=None, help="datastore directory (retrieval, heisd)")
-    p.add_argument("--relaxed-r", type=int, default=9, help="token-relaxed acceptance bound in bins")
-    p.add_argument("--tree-topk", type=int, default=4, help="drafter tree: children per node")
-    p.add_argument("--tree-depth", type=int, default=3, help="drafter tree: depth (drafter passes per proposal)")
-    p.add_argument("--tree-budget", type=int, default=8, help="drafter tree: total nodes")
-    p.add_argument("--retrieval-k", type=int, default=8, help="retrieval Top-K")
-    p.add_argument("--retrieval-budget", type=int, default=32, help="retrieval tree: total nodes")
-    p.add_argument("--payload", default="own", choices=["own", "demo", "both"],
-                   help="retrieval drafts from the target's own tokens, the demonstrator's, or both")
-    p.add_argument("--retrieval-fallback", default="ar", choices=["drafter", "ar"],
-                   help="how a step continues after a rejected retrieval group (and no agreeing retrieved "
-                        "sequence): plain AR (default; cheaper on CPU) or drafter SD as in the paper")
-    p.add_argument("--no-continuation", action="store_true",
-                   help="ablation: after a rejected retrieval group, go straight to the fallback instead of "
-                        "drafting the rest from the retrieved sequences that agree with what was emitted")
+    p.add_argument("--relaxed-r", type=int, default=default_of(MethodConfig, "relaxed_r"),
+                   help="token-relaxed acceptance bound in bins (specvla-relaxed)")
+    add_decoding_arguments(p)
     p.add_argument("--no-verify-skip", action="store_true", help="ablation: never skip verification")
     p.add_argument("--no-prefill-skip", action="store_true",
                    help="ablation: never skip the target on a close image key (ours; verify-skip still applies)")
-    p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
     p.add_argument("--metric-only", action="store_true",
                    help="ablation (heisd): kinematic switch with exact, never-skipped retrieval drafts")
     p.add_argument("--switch-threshold", type=float, default=None,
@@ -39,17 +53,28 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
 
-def method_config(args: argparse.Namespace, method: str | None = None):
+def method_config(args: argparse.Namespace, method: str | None = None, **overrides):
+    """The MethodConfig the flags describe (`overrides` for what a command fixes itself)."""
     from heisd.runtime.methods import MethodConfig
 
-    return MethodConfig(
-        method=method or args.method, drafter=args.drafter, datastore=args.datastore, relaxed_r=args.relaxed_r,
+    given = dict(
+        method=method or args.method, drafter=_str(args.drafter), datastore=_str(args.datastore),
         tree_topk=args.tree_topk, tree_depth=args.tree_depth, tree_budget=args.tree_budget,
         retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
         retrieval_fallback=args.retrieval_fallback, continuation=not args.no_continuation,
-        verify_skip=not args.no_verify_skip, prefill_skip=not args.no_prefill_skip, group_acceptance=not args.no_group_acceptance,
-        switch_threshold=args.switch_threshold, metric_only=args.metric_only,
+        group_acceptance=not args.no_group_acceptance,
     )
+    optional = dict(relaxed_r="relaxed_r", verify_skip="no_verify_skip", prefill_skip="no_prefill_skip",
+                    switch_threshold="switch_threshold", metric_only="metric_only")
+    for field, flag in optional.items():  # flags only the method-running commands have
+        if hasattr(args, flag):
+            value = getattr(args, flag)
+            given[field] = not value if flag.startswith("no_") else value
+    return MethodConfig(**{**given, **overrides})
+
+
+def _str(path) -> str | None:
+    return None if path is None else str(path)
 
 
 def load_target(args: argparse.Namespace):

@@ -23,8 +23,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 from tqdm import tqdm
-from transformers import DynamicCache, PreTrainedModel
 
+from heisd.decoding.rollout import Features, greedy_rollout
 from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
 from heisd.vla import VLA
 from heisd.vla.frames import Frames, build_frames, read_episodes
@@ -52,15 +52,6 @@ class DrafterTrainConfig:
 
 
 @dataclass
-class Features:
-    hidden: torch.Tensor  # [N, n, d] target lm_head inputs that predicted each greedy action token
-    tokens: torch.Tensor  # [N, n] the target's greedy action tokens
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass
 class _Subset:
     """Some frames of a ``Frames``, batched the same way."""
 
@@ -74,26 +65,6 @@ class _Subset:
         return self.frames.batch(self.idx[idx])
 
 
-@torch.no_grad()
-def rollout(llm: PreTrainedModel, prefix_embeds: torch.Tensor, prefix_mask: torch.Tensor, n_tokens: int) -> Features:
-    """Batched greedy decoding after LEFT-padded prefixes [B, P, d] (mask [B, P], 1 = real)."""
-    decoder, lm_head = llm.get_decoder(), llm.get_output_embeddings()
-    mask = prefix_mask.long()
-    positions = (mask.cumsum(1) - 1).clamp(min=0)  # pads do not shift the positions of real tokens
-    cache = DynamicCache(config=llm.config)
-    out = decoder(inputs_embeds=prefix_embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
-    hidden = [out.last_hidden_state[:, -1]]
-    tokens = [lm_head(hidden[-1]).argmax(-1)]
-    for _ in range(n_tokens - 1):
-        mask = torch.cat([mask, mask.new_ones(len(mask), 1)], 1)
-        positions = positions[:, -1:] + 1
-        out = decoder(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=positions,
-                      cache=cache, use_cache=True)
-        hidden.append(out.last_hidden_state[:, -1])
-        tokens.append(lm_head(hidden[-1]).argmax(-1))
-    return Features(torch.stack(hidden, 1), torch.stack(tokens, 1))
-
-
 def vla_features(vla: VLA, frames: Frames | _Subset, batch_size: int, desc: str) -> Features:
     parts = []
     for idx in tqdm(torch.arange(len(frames)).split(batch_size), desc=desc, dynamic_ncols=True):
@@ -102,7 +73,7 @@ def vla_features(vla: VLA, frames: Frames | _Subset, batch_size: int, desc: str)
             embeds = vla.prefix_embeds(b["images"], b["prompt_ids"], b["state"])
         n_fixed = embeds.shape[1] - b["prompt_ids"].shape[1]  # image + state tokens, never padded
         mask = torch.cat([b["prompt_mask"].new_ones(len(idx), n_fixed), b["prompt_mask"]], 1)
-        parts.append(rollout(vla.llm, embeds, mask, vla.config.n_action_tokens))
+        parts.append(greedy_rollout(vla.llm, embeds, vla.config.n_action_tokens, mask))
     return Features(torch.cat([p.hidden for p in parts]), torch.cat([p.tokens for p in parts]))
 
 

@@ -19,9 +19,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
 
 from heisd.data.dataset import DemoFile, DemoFormatError
+from heisd.decoding.rollout import greedy_rollout
 from heisd.kinematics import KinematicConfig, KinematicStats
 from heisd.retrieval.datastore import Datastore, DatastoreWriter
 from heisd.retrieval.index import IndexConfig, IndexKind
@@ -54,19 +54,9 @@ def encode_frames(vla: VLA, images: np.ndarray, instruction: str, states: np.nda
     b = len(images_t)
     prompt = vla.encode_prompt(instruction).expand(b, -1)
     states_t = torch.from_numpy(np.asarray(states, dtype=np.float32))
-    embeds = vla.prefix_embeds(images_t, prompt, states_t)
-    llm = vla.llm
-    cache = DynamicCache(config=llm.config)
-    out = llm.model(inputs_embeds=embeds, cache=cache, use_cache=True)
-    hidden = out.last_hidden_state[:, -1]
-    token = llm.lm_head(hidden).argmax(-1)
-    tokens = [token]
-    for _ in range(vla.config.n_action_tokens - 1):  # same prompt in the batch: no padding needed
-        out = llm.model(input_ids=token[:, None], cache=cache, use_cache=True)
-        token = llm.lm_head(out.last_hidden_state[:, -1]).argmax(-1)
-        tokens.append(token)
+    rollout = greedy_rollout(vla.llm, vla.prefix_embeds(images_t, prompt, states_t), vla.config.n_action_tokens)
     return EncodedFrames(keys=vla.retrieval_key(images_t, states_t).numpy().astype(np.float32),
-                         own_tokens=torch.stack(tokens, 1).numpy(), hidden=hidden.numpy().astype(np.float32))
+                         own_tokens=rollout.tokens.numpy(), hidden=rollout.hidden[:, 0].numpy().astype(np.float32))
 
 
 @torch.no_grad()

@@ -61,6 +61,8 @@ class MethodConfig:
             raise ValueError(f"method {self.method} needs a datastore (--datastore DIR)")
         if self.retrieval_fallback not in ("drafter", "ar"):
             raise ValueError(f"retrieval_fallback must be 'drafter' or 'ar', got {self.retrieval_fallback!r}")
+        if self.retrieval_fallback == "drafter" and self.method in ("retrieval", "heisd") and not self.drafter:
+            raise ValueError("--retrieval-fallback drafter needs a drafter (--drafter DIR)")
         if self.relaxed_r < 0:
             raise ValueError(f"relaxed_r must be >= 0, got {self.relaxed_r}")
         if self.switch_threshold is not None and self.switch_threshold < 0:
