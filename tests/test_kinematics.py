@@ -134,15 +134,55 @@ def test_calibration_picks_the_obvious_threshold() -> None:
 
 @settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), scale=st.floats(1e-6, 1.0), still=st.integers(0, 14))
-def test_metric_is_bounded_and_invariant(stats: KinematicStats, seed: int, scale: float,
-                                         still: int) -> None:
+@given(seed=st.integers(0, 2**32 - 1), scale=st.floats(1e-6, 1.0), still=st.integers(0, 14),
+       alpha=st.floats(0.0, 1.0))
+def test_metric_is_the_weighted_sum_of_its_parts(stats: KinematicStats, seed: int, scale: float,
+                                                 still: int, alpha: float) -> None:
+    """F = alpha Norm(R) + (1 - alpha) Norm(D), each part recomputed here from its definition."""
     rng = np.random.default_rng(seed)
     points = np.cumsum(scale * rng.standard_normal((15, 3)), axis=0)
     points[:still] = points[still]  # a stretch without motion
-    metric = fused_metric(points, stats, CONFIG)
-    assert 0.0 <= metric <= 1.0
+    config = KinematicConfig(alpha=alpha, window=15, r_cap=1.0, threshold=0.5)
+    norm = lambda v, lo, hi: min(max((v - lo) / (hi - lo), 0.0), 1.0)  # noqa: E731
+    norm_r = norm(curvature_radius(points, 1.0), stats.r_min, stats.r_p95)
+    norm_d = norm(np.linalg.norm(np.diff(points, axis=0), axis=1).sum(), stats.d_min, stats.d_p95)
+    assert fused_metric(points, stats, config) == pytest.approx(alpha * norm_r + (1 - alpha) * norm_d, abs=1e-12)
     rotation, _ = np.linalg.qr(rng.standard_normal((3, 3)))
     moved = points @ rotation.T + rng.standard_normal(3)
     assert curvature_radius(moved, 1.0) == pytest.approx(curvature_radius(points, 1.0),
                                                          rel=1e-6, abs=1e-9)
+
+
+def test_alpha_weighs_radius_against_path_length(stats: KinematicStats) -> None:
+    # a big slow arc: a large radius over a short path, so alpha and 1 - alpha pull apart
+    arc = _tilted_circle(0.5, 15, 0.02)  # radius 0.5, 1 cm of path
+    norm_r = (0.5 - stats.r_min) / (stats.r_p95 - stats.r_min)
+    radius_only = fused_metric(arc, stats, KinematicConfig(alpha=1.0, window=15, r_cap=1.0))
+    length_only = fused_metric(arc, stats, KinematicConfig(alpha=0.0, window=15, r_cap=1.0))
+    assert radius_only == pytest.approx(norm_r, rel=0.02) and norm_r > 0.3
+    assert length_only < 0.05
+    quarter = fused_metric(arc, stats, KinematicConfig(alpha=0.25, window=15, r_cap=1.0))
+    assert quarter == pytest.approx(0.25 * radius_only + 0.75 * length_only)
+
+
+def test_refinement_reaches_the_geometric_fit() -> None:
+    # On a short noisy arc Kasa's algebraic center is biased; the refinement lowers the
+    # geometric cost sum (|p - c| - r)^2 step by step.
+    from heisd.kinematics.metric import _kasa_center, _refine_center
+
+    def cost(xy, c):
+        d = np.linalg.norm(xy - c, axis=1)
+        return float(((d - d.mean()) ** 2).sum())
+
+    rng = np.random.default_rng(3)
+    t = np.linspace(0.0, np.pi / 5, 15)
+    xy = 0.1 * np.stack([np.cos(t), np.sin(t)], axis=1) + 3e-3 * rng.standard_normal((15, 2))
+    kasa = _kasa_center(xy)
+    costs = [cost(xy, _refine_center(xy, kasa, i)) for i in range(11)]
+    assert all(b <= a + 1e-15 for a, b in zip(costs, costs[1:]))  # a descent method
+    assert costs[10] < 0.99 * costs[0]
+    # from a wrong start on a clean half circle it walks to the true center
+    t = np.linspace(0.0, np.pi, 15)
+    clean = 0.1 * np.stack([np.cos(t), np.sin(t)], axis=1) + np.array([0.3, -0.2])
+    center = _refine_center(clean, np.array([0.32, -0.17]), 300)
+    np.testing.assert_allclose(center, [0.3, -0.2], atol=1e-6)
