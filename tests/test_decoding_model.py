@@ -277,15 +277,17 @@ def test_tree_pass_matches_sequential_forwards(attn):
         assert int(out.next_tokens[slot]) == int(logits.argmax())
 
 
+@pytest.mark.parametrize("extra_roots", [[], [95, 96]])  # several roots: tokens a verify-skip emitted unseen
 @pytest.mark.parametrize("branch", [[0, 1, 2], [3, 4], []])  # a leading chain (crop), a side branch, nothing
-def test_commit_compacts_to_the_accepted_path(branch):
+def test_commit_compacts_to_the_accepted_path(branch, extra_roots):
     model, embeds = tiny_target(1), prefix(1, 4)
     verifier = Verifier(model)
     pre = verifier.prefill(embeds)
     tree = DraftTree.from_sequences([[60, 70, 80], [61, 71, 81]])
-    out = verifier.verify(pre.cache, pre.token, tree)
+    roots = [pre.token] + extra_roots
+    out = verifier.verify(pre.cache, roots, tree)
     verifier.commit(pre.cache, out, branch)
-    path = [pre.token] + tree.tokens[branch].tolist()
+    path = roots + tree.tokens[branch].tolist()
     assert pre.cache.get_seq_length() == 4 + len(path)
     # decoding continues as if the target had processed only prefix + accepted path
     follow = verifier.verify(pre.cache, [90, 91], DraftTree.chain([92]))

@@ -130,6 +130,62 @@ def test_proposer_tree_is_valid_and_within_bounds(topk, depth, budget, k, seed):
     assert len(set(pairs)) == len(pairs)  # no duplicate siblings
 
 
+@torch.no_grad()
+def reference_tree(drafter: Drafter, context: torch.Tensor, emitted: list[int], tree: TreeConfig, n: int):
+    """EAGLE-2's dynamic tree with one no-cache drafter forward per node over its own path:
+    [(feature, token)] of the context, then (the output that predicted it, token) per path node."""
+    first = drafter.first_action_id
+
+    def children(feats: list[torch.Tensor], tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        t = len(tokens)
+        out = drafter(torch.stack(feats)[None], torch.tensor([tokens]), torch.arange(t)[None],
+                      additive_mask(torch.ones(t, t, dtype=torch.bool).tril()))[0, -1]
+        return out, drafter.action_logits(out[None]).log_softmax(-1)[0]
+
+    # candidate: (score, depth, order, bins on the path, parent candidate index)
+    out, logp = children(list(context), list(emitted))
+    score, index = logp.topk(tree.topk)
+    cands = [(float(sc), 1, [int(b)], -1, out) for sc, b in zip(score, index)]
+    frontier = list(range(len(cands)))
+    for _ in range(1, min(tree.depth, n - len(emitted))):
+        level = []
+        for c in frontier:
+            sc, depth, bins, _, predicted_by = cands[c]
+            feats = list(context) + [cands[a][4] for a in _ancestors(cands, c)]
+            out, logp = children(feats, list(emitted) + [b + first for b in bins])
+            child_score, child_bin = (sc + logp).topk(tree.topk)
+            level += [(float(s2), depth + 1, bins + [int(b)], c, out) for s2, b in zip(child_score, child_bin)]
+        start = len(cands)
+        cands += level
+        best = sorted(range(len(level)), key=lambda i: -level[i][0])[: tree.topk]
+        frontier = [start + i for i in best]
+    order = sorted(range(len(cands)), key=lambda i: (-cands[i][0], cands[i][1], i))[: tree.budget]
+    return {tuple(cands[i][2]) for i in order}
+
+
+def _ancestors(cands, c) -> list[int]:
+    """Candidates on the path root -> c, c included (each one's `out` predicted the next token)."""
+    path = []
+    while c >= 0:
+        path.append(c)
+        c = cands[c][3]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("topk, depth, budget, k", [(3, 3, 10, 2), (2, 4, 12, 1), (4, 2, 8, 5)])
+def test_proposer_tree_matches_per_path_forwards(topk, depth, budget, k):
+    """The one-pass-per-level tree (cache + tree mask + positions) equals per-path forwards."""
+    drafter, cfg = random_drafter(seed=3), TreeConfig(topk, depth, budget)
+    with torch.no_grad():  # sharp attention, so a wrong mask or position changes the tree
+        drafter.layer.self_attn.q_proj.weight.mul_(30.0)
+        drafter.layer.self_attn.k_proj.weight.mul_(30.0)
+    emitted = torch.randint(VOCAB - 256, VOCAB, (k,), generator=torch.Generator().manual_seed(k)).tolist()
+    state = state_after(emitted, known=k)
+    tree = DrafterProposer(drafter, cfg).propose(state).tree
+    got = {tuple(int(tree.tokens[j]) - drafter.first_action_id for j in tree.path(i)) for i in range(len(tree))}
+    assert got == reference_tree(drafter, state.hidden, emitted, cfg, N)
+
+
 def test_proposer_needs_features_of_every_emitted_token():
     proposer = DrafterProposer(random_drafter())
     state = state_after([100, 101], known=2)
