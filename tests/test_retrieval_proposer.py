@@ -3,6 +3,8 @@ acceptance, verify-skip, fallbacks and per-step stats."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from types import SimpleNamespace
 
 import faiss
@@ -233,6 +235,38 @@ def test_inconsistent_first_tokens_are_dropped(built) -> None:
     assert proposer._agreeing(seqs, [first]).tolist() == [False, True, True]
     # the gripper position (3) must match exactly
     assert proposer._agreeing(seqs[1:], [first, first - 1, first - 1, first - 2]).tolist() == [False, True]
+
+
+def test_first_tree_keeps_every_result_when_none_agrees(built) -> None:
+    """The first-token filter drops inconsistent results only while one consistent result remains."""
+    vla = built["vla"]
+    store = open_datastore(built["store"], vla)
+    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2)
+    proposer = RetrievalProposer(store, cfg, vocab=vocab)
+    _, context = frame(built, 0, 4)
+    result = store.query(context["key"], context["task"], cfg.k)
+    seqs = cfg.sequences(result)
+    weights = cfg.rank_decay ** np.arange(len(seqs), dtype=np.float64)
+
+    def tree_of(rows):
+        return group_tree(seqs[rows], weights[: len(rows)], 1, cfg.groups, cfg.exact_groups, cfg.node_budget)
+
+    far = vocab.token((vocab.bin(int(seqs[:, 0].min())) + 60) % 256)  # farther than max_dev from every result
+    assert not proposer._agreeing(seqs, [far]).any()
+    none_agree = proposer._proposal(SimpleNamespace(emitted=[far], position=1), result).tree
+    everyone = tree_of(np.arange(len(seqs)))
+    assert none_agree.tokens.tolist() == everyone.tokens.tolist() and none_agree.parents.tolist() == everyone.parents.tolist()
+    # results whose first token is far from the emitted one are dropped while another agrees
+    own = np.array(result.own_tokens)
+    own[: len(own) // 2, 0] = far
+    own[: len(own) // 2, 1:] = vocab.token((vocab.bin(own[: len(own) // 2, 1:]) + 7) % 255)  # and differ after it
+    mixed = dataclasses.replace(result, own_tokens=own)
+    emitted = int(own[-1, 0])
+    agree = np.flatnonzero(proposer._agreeing(own, [emitted]))
+    assert 0 < len(agree) <= len(own) - len(own) // 2
+    seqs = own
+    some = proposer._proposal(SimpleNamespace(emitted=[emitted], position=1), mixed).tree
+    assert some.tokens.tolist() == tree_of(agree).tokens.tolist()
 
 
 def test_continuation_drafts_the_rest_from_agreeing_sequences_only(built) -> None:
