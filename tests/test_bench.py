@@ -27,19 +27,28 @@ def resources(tmp_path_factory):
 
 def test_bench_quick_smoke(resources):
     vla, tmp = resources
+    # threshold 0: retrieval mode whenever the kinematic window exists
     base = MethodConfig("heisd", drafter=str(tmp / "drafter"), datastore=str(tmp / "datastore"),
-                        switch_threshold=0.3)
+                        switch_threshold=0.0)
     configs = ladder(base)
     labels = [c.label for c in configs]
-    assert labels == ["ar", "specvla", "specvla-relaxed", "retrieval", "heisd+metric-only@0.3",
-                      "heisd+no-group+no-prefill-skip@0.3", "heisd+no-prefill-skip@0.3", "heisd@0.3"]
-    cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=8, image_size=32)
+    assert labels == ["ar", "specvla", "specvla-relaxed", "retrieval", "heisd+metric-only@0",
+                      "heisd+no-group+no-prefill-skip@0", "heisd+no-prefill-skip@0", "heisd@0"]
+    # 24 env steps: the kinematic window (15) fills, so heisd runs retrieval mode too
+    cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=24, image_size=32)
     out = tmp / "out"
     summaries = run_bench(vla, configs, cfg, out, progress=False)
     assert [s["method"] for s in summaries] == labels
     assert summaries[0]["speedup"] == 1.0
+    ar_latency = summaries[0]["latency_ms"]["median"]
     for s in summaries:
-        assert s["episodes"] == 1 and s["speedup"] > 0
+        assert s["episodes"] == 1 and s["speedup"] == pytest.approx(ar_latency / s["latency_ms"]["median"])
+    # lossless configurations act exactly as AR does: the same path, step for step
+    episode = lambda i: json.loads((out / summaries[i]["dir"] / "episodes.jsonl").read_text())  # noqa: E731
+    assert "retrieval" in episode(4)["steps"]["mode"]
+    for lossless in (1, 4):  # specvla (exact), heisd metric-only (exact, no skips)
+        assert episode(lossless)["steps"]["ee_pos"] == episode(0)["steps"]["ee_pos"]
+        assert episode(lossless)["env_steps"] == episode(0)["env_steps"]
     assert summaries[3]["retrieval_fraction"] == 1.0  # retrieval SD everywhere
     assert summaries[0]["acceptance_length"] == 1.0  # AR
     report = write_report(summaries, out, "heisd bench --quick", cfg)

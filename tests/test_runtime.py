@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from helpers import tiny_vla, write_demo_file
 
 from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
@@ -24,16 +25,23 @@ def ar_policy(vla=None) -> VLAPolicy:
     return VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
 
 
-def test_policy_step_record_adds_up():
+def test_step_record_breakdown_is_the_decode_timing(monkeypatch):
+    """Each breakdown piece is the decode loop's own timing of it; vision is what ran before it."""
     policy = ar_policy()
     env = MetaWorldEnv("reach-v3", MWConfig(image_size=32))
     obs, info = env.reset(seed=0)
     policy.reset(env.instruction, env.task)
+    decoder = policy.decoders.by_mode["drafter"]
+    results, decode = [], decoder.decode
+    monkeypatch.setattr(decoder, "decode", lambda *a, **k: results.append(decode(*a, **k)) or results[-1])
     actions, rec = policy.act(obs["image"], obs["state"], info["ee_pos"])
+    timing = results[0].timing
     assert actions.shape == (2, 4) and np.abs(actions).max() <= 1.0 + 1e-6
-    assert rec.target_forwards == 8 and rec.acceptance_length == 1.0 and len(rec.tokens) == 8
-    assert set(rec.breakdown_ms) == set(BREAKDOWN_KEYS)
-    assert sum(rec.breakdown_ms.values()) == pytest.approx(rec.latency_ms, rel=1e-6)
+    assert rec.tokens == results[0].tokens and rec.target_forwards == 8 == results[0].target_forwards
+    assert rec.acceptance_length == 1.0 and set(rec.breakdown_ms) == set(BREAKDOWN_KEYS)
+    assert rec.breakdown_ms["prefill"] == timing.prefill_ms > 0 and rec.breakdown_ms["verify"] == timing.verify_ms > 0
+    assert rec.breakdown_ms["draft"] + rec.breakdown_ms["retrieval"] == pytest.approx(timing.draft_ms)
+    assert rec.breakdown_ms["vision"] > 0 and rec.breakdown_ms["other"] >= timing.other_ms
 
 
 def test_act_before_reset_is_refused():
@@ -76,10 +84,22 @@ def test_eval_summary_determinism_and_resume(tmp_path):
                  tmp_path / "a", progress=False)
 
 
-def test_replay_ar_matches_itself(tmp_path):
+def test_replay_of_exact_speculative_decoding_matches_ar(tmp_path):
+    """Replay compares a method with AR on the same frames: SpecVLA with exact acceptance is lossless."""
+    from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
+
     write_demo_file(tmp_path / "d.hdf5", ["reach-v3", "push-v3"], episodes=1, steps=10)
     vla = tiny_vla()
-    result = replay(ar_policy(vla), ar_policy(vla), "ar", [tmp_path / "d.hdf5"], frames=8, progress=False)
+    target = DrafterTarget.from_vla(vla)
+    torch.manual_seed(0)
+    Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp_path / "drafter")
+    specvla = VLAPolicy(vla, build_decoders(MethodConfig("specvla", drafter=str(tmp_path / "drafter")), vla))
+    result = replay(specvla, ar_policy(vla), "specvla", [tmp_path / "d.hdf5"], frames=8, progress=False)
     assert result["frames"] == 8 and result["tasks"] == ["push-v3", "reach-v3"]
     assert result["token_mismatch_rate"] == 0.0 and result["max_bin_deviation"] == 0
-    assert result["acceptance_length"] == 1.0 and result["target_forwards"] == 8.0
+    assert 1.0 <= result["acceptance_length"] <= 8.0 and result["target_forwards"] <= 8.0
+    # a method that does change tokens is caught: relaxed acceptance with r = 255 keeps any draft
+    relaxed = VLAPolicy(vla, build_decoders(MethodConfig("specvla-relaxed", drafter=str(tmp_path / "drafter"),
+                                                         relaxed_r=255), vla))
+    loose = replay(relaxed, ar_policy(vla), "specvla-relaxed", [tmp_path / "d.hdf5"], frames=8, progress=False)
+    assert loose["token_mismatch_rate"] > 0.0 and loose["acceptance_length"] > result["acceptance_length"]
