@@ -157,17 +157,73 @@ def test_calibrate_stores_theta_and_threshold(built, tmp_path, capsys) -> None:
     assert sum(f is not None for f in frames["F"]) == hybrid["frames"] > 0
 
 
-def test_calibrate_with_a_drafter(built, tmp_path) -> None:
-    drafter_module = pytest.importorskip("heisd.drafter")
-    target = drafter_module.DrafterTarget.from_vla(built["vla"])
+def test_calibrated_thresholds_follow_from_the_stored_frames(built, tmp_path) -> None:
+    """theta is the smallest observed similarity whose skips reach the precision (brute force here),
+    and the hybrid threshold is what calibrate_threshold picks from the stored per-frame numbers."""
+    from heisd.kinematics import calibrate_threshold
+
+    heldout = tmp_path / "heldout.hdf5"
+    write_demos(heldout, episodes=3, seed=6)
+    copy = tmp_path / "store"
+    shutil.copytree(built["store"], copy)
+    assert main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
+                 "--demos", str(heldout), "--frames", "40", "--threads", "1", "--precision", "0.5"]) == 0
+    extras = json.loads((copy / "manifest.json").read_text())["extras"]
+    frames = extras["calibration_frames"]
+
+    def brute_theta(sims, passes, precision):
+        ok = [t for t in sorted(set(sims)) if (lambda sel: sel and sum(sel) >= precision * len(sel) - 1e-9)(
+            [p for s, p in zip(sims, passes) if s >= t])]
+        return min(ok) if ok else None
+
+    guard = np.asarray(frames["guard"], bool)
+    sims = np.asarray(frames["similarity"])[guard].tolist()
+    expected = brute_theta(sims, np.asarray(frames["passes"], bool)[guard].tolist(), 0.5)
+    theta = extras["verify_skip"]["theta"]
+    assert (expected is None and theta > 1.0) or theta == pytest.approx(expected, abs=1e-5)
+    expected = brute_theta(frames["key_similarity"], frames["passes_full"], 0.5)
+    assert expected is not None and extras["prefill_skip"]["theta"] == pytest.approx(expected, abs=1e-5)
+    has_f = [f is not None for f in frames["F"]]
+    pick = lambda key: np.asarray(frames[key])[has_f]  # noqa: E731
+    assert extras["hybrid"]["threshold"] == pytest.approx(
+        calibrate_threshold(pick("F").astype(float), pick("tpf_retrieval"), pick("tpf_drafter")), abs=1e-5)
+
+
+def test_calibrate_decodes_drafter_mode_as_the_method_runs_it(built, tmp_path) -> None:
+    """calibrate's drafter-mode tokens per forward on each stored frame equal what the specvla
+    policy (exact acceptance, the same tree flags) gets on that frame, as replay measures it."""
+    from heisd.decoding.rollout import greedy_rollout
+    from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
+    from heisd.drafter.train import DrafterTrainConfig, fit
+    from heisd.runtime.methods import MethodConfig, build_decoders
+    from heisd.runtime.policy import VLAPolicy
+
+    vla = built["vla"]
+    target = DrafterTarget.from_vla(vla)
     torch.manual_seed(0)
-    drafter = drafter_module.Drafter(drafter_module.DrafterConfig.for_target(target, intermediate_size=32), target)
+    drafter = Drafter(DrafterConfig.for_target(target, intermediate_size=32), target)
+    with DemoFile(built["demos"]) as f:  # a drafter that knows the target, so trees get accepted
+        ep = f.episode("demo_0")
+        embeds = vla.prefix_embeds(torch.from_numpy(ep.images), vla.encode_prompt(ep.instruction).expand(len(ep), -1),
+                                   torch.from_numpy(ep.state)).detach()
+    fit(drafter, greedy_rollout(vla.llm, embeds, 8), DrafterTrainConfig(steps=60, batch_size=16, lr=3e-3, warmup_steps=5))
     drafter.save_pretrained(tmp_path / "drafter")
     copy = tmp_path / "store"
     shutil.copytree(built["store"], copy)
+    tree = ["--tree-depth", "2", "--tree-budget", "3"]
     rc = main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
                "--demos", str(built["demos"]), "--frames", "6", "--threads", "1",
-               "--drafter", str(tmp_path / "drafter")])
+               "--drafter", str(tmp_path / "drafter"), *tree])
     extras = json.loads((copy / "manifest.json").read_text())["extras"]
     assert rc == 0 and extras["hybrid"]["drafter"] == "drafter"
-    assert all(1.0 <= tpf <= 8.0 for tpf in extras["calibration_frames"]["tpf_drafter"])
+    frames = extras["calibration_frames"]
+    cfg = MethodConfig("specvla", drafter=str(tmp_path / "drafter"), tree_depth=2, tree_budget=3)
+    policy = VLAPolicy(vla, build_decoders(cfg, vla))
+    replayed = []
+    for (path, name, t) in frames["frame"]:
+        with DemoFile(path) as f:
+            ep = f.episode(name)
+        policy.reset(ep.instruction, ep.task)
+        replayed.append(policy.act(ep.images[t], ep.state[t])[1].acceptance_length)
+    assert frames["tpf_drafter"] == pytest.approx(replayed, abs=1e-4)
+    assert max(replayed) > 1.0  # drafts were accepted: the comparison says something

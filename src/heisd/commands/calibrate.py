@@ -85,7 +85,7 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], method, precision: fl
     from heisd.kinematics import calibrate_threshold
     from heisd.retrieval.verify_skip import EXTRAS_KEY, PREFILL_SKIP_KEY, calibrate_theta
 
-    m = _measure(vla, datastore, demos, method, n_frames, seed)
+    m, where = _measure(vla, datastore, demos, method, n_frames, seed)
     theta = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision)
     skipped = m["guard"] & (m["similarity"] >= theta)
     theta_pre = calibrate_theta(m["key_similarity"], m["passes_full"], precision)
@@ -123,11 +123,12 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], method, precision: fl
     frames = {key: np.round(values.astype(np.float64), 5).tolist() for key, values in
               {**m, "tpf_retrieval": tpf_r}.items()}
     frames["F"] = [None if not np.isfinite(f) else f for f in frames["F"]]  # JSON has no NaN
+    frames["frame"] = where  # [demo file, episode, step] of each row: the numbers can be re-measured
     datastore.update_extras({EXTRAS_KEY: skip, PREFILL_SKIP_KEY: prefill, HYBRID_KEY: hybrid, FRAMES_KEY: frames})
     return {"verify_skip": skip, "prefill_skip": prefill, "hybrid": hybrid}
 
 
-def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> dict[str, np.ndarray]:
+def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> tuple[dict[str, np.ndarray], list]:
     import torch
     from tqdm import tqdm
 
@@ -158,6 +159,7 @@ def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> dict[st
         by_episode.setdefault(all_frames[i][0], []).append(all_frames[i][1])
     rows: dict[str, list[float]] = {key: [] for key in ("similarity", "guard", "passes", "key_similarity",
                                                            "passes_full", "tpf_verified", "tpf_drafter", "F")}
+    where: list[list] = []
     w = kin_config.window
     with tqdm(total=len(picked), unit="frame", desc="calibrate") as bar:
         for e, steps in by_episode.items():
@@ -187,6 +189,7 @@ def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> dict[st
                 rows["tpf_drafter"].append(drafting.decode(embeds).acceptance_length if drafting else 1.0)
                 window = ep.ee_pos[t - w + 1 : t + 1] if t + 1 >= w else None
                 rows["F"].append(np.nan if window is None else fused_metric(window, kin_stats, kin_config))
+                where.append([str(path), name, int(t)])
                 bar.update(1)
     return {key: np.asarray(values, dtype=bool if key in ("guard", "passes", "passes_full") else np.float64)
-            for key, values in rows.items()}
+            for key, values in rows.items()}, where
