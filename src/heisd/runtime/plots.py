@@ -31,17 +31,20 @@ def _save(fig, path: Path) -> Path:
 def _pareto(summaries: list[dict], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    markers = "osD^vP*Xh<>p"
     for i, s in enumerate(summaries):
-        ax.scatter(s["speedup"], 100 * s["sr"], s=40)
-        # staggered labels: methods often share a success rate
-        ax.annotate(s["method"], (s["speedup"], 100 * s["sr"]), fontsize=7, xytext=(4, 4 + 9 * (i % 4)),
-                    textcoords="offset points")
-    ax.set_ylim(-5, 105)
+        # methods often share a success rate: a legend entry each, not labels piled on the points
+        ax.scatter(s["speedup"], 100 * s["sr"], s=55, marker=markers[i % len(markers)], color=f"C{i % 10}",
+                   label=f"{s['method']}  {s['speedup']:.2f}x, {100 * s['sr']:.1f}%", alpha=0.85)
+    rates = [100 * s["sr"] for s in summaries]
+    ax.set_ylim(max(min(rates) - 10, -2), min(max(rates) + 10, 102))
+    ax.axvline(1.0, color="0.6", lw=0.8, ls=":")
     ax.set_xlabel("speedup vs AR (median latency, same run)")
     ax.set_ylabel("success rate (%)")
     ax.set_title(f"success vs speed ({summaries[0]['episodes']} episodes per method)")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return _save(fig, out / "pareto.png")
 
 
@@ -81,6 +84,14 @@ def _mode_path(summaries: list[dict], out: Path) -> Path | None:
     ax.plot(*xyz.T, color="0.7", lw=1)
     ax.scatter(*xyz[retrieval].T, color="tab:orange", s=12, label="retrieval SD")
     ax.scatter(*xyz[~retrieval].T, color="tab:blue", s=12, label="drafter SD")
+    ax.scatter(*xyz[0], color="k", marker="x", s=30, label="start")
+    # axes fitted to the path at equal scale (1 cm minimum), so the path fills the box undistorted
+    center, half = (xyz.max(0) + xyz.min(0)) / 2, max(float(np.ptp(xyz, axis=0).max()) / 2 * 1.1, 0.005)
+    for axis, c in zip("xyz", center):
+        getattr(ax, f"set_{axis}lim")(c - half, c + half)
+        getattr(ax, f"set_{axis}label")(f"{axis} (m)", fontsize=7)
+    ax.set_box_aspect((1, 1, 1))
+    ax.tick_params(labelsize=6)
     ax.set_title(f"{episode['task']} episode {episode['episode']}: end-effector path")
     ax.legend(fontsize=7)
     ax2 = fig.add_subplot(1, 2, 2)
