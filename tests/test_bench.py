@@ -32,7 +32,7 @@ def test_bench_quick_smoke(resources):
                         switch_threshold=0.0)
     configs = ladder(base)
     labels = [c.label for c in configs]
-    assert labels == ["ar", "specvla", "specvla-relaxed", "retrieval", "heisd+metric-only@0",
+    assert labels == ["ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "heisd+lossless@0",
                       "heisd+no-group+no-prefill-skip@0", "heisd+no-prefill-skip@0", "heisd@0"]
     # 24 env steps: the kinematic window (15) fills, so heisd runs retrieval mode too
     cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=24, image_size=32)
@@ -45,11 +45,11 @@ def test_bench_quick_smoke(resources):
         assert s["episodes"] == 1 and s["speedup"] == pytest.approx(ar_latency / s["latency_ms"]["median"])
     # lossless configurations act exactly as AR does: the same path, step for step
     episode = lambda i: json.loads((out / summaries[i]["dir"] / "episodes.jsonl").read_text())  # noqa: E731
-    assert "retrieval" in episode(4)["steps"]["mode"]
-    for lossless in (1, 4):  # specvla (exact), heisd metric-only (exact, no skips)
+    assert "retrieval" in episode(5)["steps"]["mode"]
+    for lossless in (1, 2, 5):  # jacobi, specvla (exact), heisd lossless (exact, no skips)
         assert episode(lossless)["steps"]["ee_pos"] == episode(0)["steps"]["ee_pos"]
         assert episode(lossless)["env_steps"] == episode(0)["env_steps"]
-    assert summaries[3]["retrieval_fraction"] == 1.0  # retrieval SD everywhere
+    assert summaries[4]["retrieval_fraction"] == 1.0  # retrieval SD everywhere
     assert summaries[0]["acceptance_length"] == 1.0  # AR
     report = write_report(summaries, out, "heisd bench --quick", cfg)
     text = report.read_text()

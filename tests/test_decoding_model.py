@@ -17,6 +17,7 @@ from heisd.decoding import (
     DraftTree,
     ExactAcceptance,
     GroupRelaxedAcceptance,
+    JacobiProposer,
     Proposal,
     Proposer,
     SpeculativeDecoder,
@@ -353,3 +354,49 @@ def test_decoder_rejects_groups_of_another_action_size():
         SpeculativeDecoder(
             Verifier(tiny_target(0)), DecodeConfig(n_tokens=7, vocab_size=VOCAB, n_bins=256), None, GroupRelaxedAcceptance(GROUPS, max_sum=30, max_dev=15)
         )
+
+
+@FAST
+@given(seed=st.integers(0, 2), prefix_len=st.integers(1, 6), n=st.integers(1, 8),
+       warm=st.sampled_from(["none", "exact", "noisy"]))
+def test_jacobi_decoding_is_ar(seed, prefix_len, n, warm):
+    """PD-VLA's Jacobi iterations with exact acceptance return AR's tokens, warm-started or not,
+    and a correct warm start needs a single pass after the prefill."""
+    model, embeds = tiny_target(seed), prefix(seed, prefix_len)
+    config = DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)
+    ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
+    previous = {"none": None, "exact": ar.tokens, "noisy": [min(t + 1, VOCAB - 1) for t in ar.tokens]}[warm]
+    decoder = SpeculativeDecoder(Verifier(model), config, JacobiProposer(), ExactAcceptance())
+    result = decoder.decode(embeds, {"previous_action": previous})
+    assert result.tokens == ar.tokens
+    assert result.target_forwards <= ar.target_forwards
+    assert result.proposer_stats.iterations == result.target_forwards - 1
+    if warm == "exact" and n > 1 and all(ACTIONS.is_action(t) for t in ar.tokens[1:]):
+        assert result.target_forwards == 2  # (acceptance never keeps a non-action draft token)
+
+
+def test_jacobi_next_guess_is_the_targets_output_on_the_previous_guess():
+    """The fixed-point update: each guessed position takes the target's greedy token given the
+    emitted tokens and the previous guess before it (one no-cache forward per position here)."""
+    model, embeds, n = tiny_target(0), prefix(0, 4), 8
+    config = DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)
+    ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
+    proposer, chains = JacobiProposer(), []
+    propose = proposer.propose
+
+    def recording(state):
+        proposal = propose(state)
+        if proposal is not None:
+            chains.append((list(state.emitted), proposal.tree.tokens.tolist()))
+        return proposal
+
+    proposer.propose = recording
+    noisy = [min(t + 3, VOCAB - 1) for t in ar.tokens]
+    SpeculativeDecoder(Verifier(model), config, proposer, ExactAcceptance()).decode(embeds, {"previous_action": noisy})
+    assert len(chains) >= 2 and chains[0][1] == noisy[1:]
+    for (emitted, chain), (emitted_next, chain_next) in zip(chains, chains[1:]):
+        start = len(emitted)
+        for i, token in enumerate(chain_next):
+            p = len(emitted_next) + i  # position of this guess
+            context = emitted + chain[: p - start]  # what the previous pass saw before position p
+            assert token == greedy_after(model, embeds, context)[0]

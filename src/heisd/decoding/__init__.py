@@ -7,6 +7,7 @@ from heisd.decoding.acceptance import (
     GroupRelaxedAcceptance,
     TokenRelaxedAcceptance,
 )
+from heisd.decoding.jacobi import JacobiProposer, JacobiStepStats
 from heisd.decoding.loop import (
     DecodeConfig,
     DecodeResult,
@@ -30,6 +31,8 @@ __all__ = [
     "DraftTree",
     "ExactAcceptance",
     "GroupRelaxedAcceptance",
+    "JacobiProposer",
+    "JacobiStepStats",
     "Prefill",
     "Proposal",
     "Proposer",

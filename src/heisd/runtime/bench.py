@@ -20,10 +20,10 @@ QUICK_TASKS = ("reach-v3", "drawer-close-v3", "button-press-topdown-v3")
 
 def ladder(base: MethodConfig) -> list[MethodConfig]:
     """All methods and the ablation rungs, from one set of resources and settings."""
-    plain = replace(base, verify_skip=True, group_acceptance=True, prefill_skip=True, metric_only=False)
-    configs = [replace(plain, method=m) for m in ("ar", "specvla", "specvla-relaxed", "retrieval")]
+    plain = replace(base, verify_skip=True, group_acceptance=True, prefill_skip=True, lossless=False)
+    configs = [replace(plain, method=m) for m in ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval")]
     configs += [
-        replace(plain, method="heisd", metric_only=True),
+        replace(plain, method="heisd", lossless=True),  # the paper's "metric only" rung
         replace(plain, method="heisd", group_acceptance=False, prefill_skip=False),
         replace(plain, method="heisd", prefill_skip=False),  # the paper's full HeiSD
         replace(plain, method="heisd"),  # + prefill skip (ours)

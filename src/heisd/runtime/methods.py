@@ -4,12 +4,14 @@ per decoding mode, and how a control step picks its mode.
 | method           | retrieval mode                         | drafter mode               | mode per step       |
 |------------------|----------------------------------------|----------------------------|---------------------|
 | ar               | -                                      | no proposer, exact         | drafter             |
+| jacobi           | -                                      | (jacobi mode) chain, exact | jacobi              |
 | specvla          | -                                      | drafter tree, exact        | drafter             |
 | specvla-relaxed  | -                                      | drafter tree, token-relaxed| drafter             |
 | retrieval        | group tree (+ skips), group-relaxed    | -                          | retrieval           |
 | heisd            | group tree (+ skips), group-relaxed    | drafter tree, exact        | kinematic switch    |
 
 Skips: verify-skip (paper) and prefill skip (ours), both calibrated by `heisd calibrate`.
+`lossless`: exact acceptance and no skips in retrieval mode too (AR's tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from heisd.drafter.proposer import TreeConfig
 from heisd.retrieval.proposer import RetrievalConfig
 
-METHODS = ("ar", "specvla", "specvla-relaxed", "retrieval", "heisd")
+METHODS = ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "heisd")
 
 
 def default_of(config: type, name: str):
@@ -50,7 +52,9 @@ class MethodConfig:
     prefill_skip: bool = True  # ours: skip the target altogether on a close image key (retrieval mode)
     group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
     switch_threshold: float | None = None  # heisd: override the calibrated kinematic threshold
-    metric_only: bool = False  # heisd ablation: kinematic switch with plain (exact, no-skip) retrieval
+    # exact acceptance and no skips in every mode: the tokens are AR's, bit for bit. For heisd it is
+    # also the paper's first ablation rung ("metric only": the switch with plain retrieval drafts)
+    lossless: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -63,6 +67,8 @@ class MethodConfig:
             raise ValueError(f"retrieval_fallback must be 'drafter' or 'ar', got {self.retrieval_fallback!r}")
         if self.retrieval_fallback == "drafter" and self.method in ("retrieval", "heisd") and not self.drafter:
             raise ValueError("--retrieval-fallback drafter needs a drafter (--drafter DIR)")
+        if self.lossless and self.method == "specvla-relaxed":
+            raise ValueError("--lossless contradicts specvla-relaxed (use specvla: exact acceptance)")
         if self.relaxed_r < 0:
             raise ValueError(f"relaxed_r must be >= 0, got {self.relaxed_r}")
         if self.switch_threshold is not None and self.switch_threshold < 0:
@@ -73,8 +79,8 @@ class MethodConfig:
         """Name in reports, with the ablation switches that differ from the method's default."""
         parts = [self.method]
         if self.method in ("retrieval", "heisd"):
-            if self.metric_only:
-                parts.append("metric-only")
+            if self.lossless:
+                parts.append("lossless")
             else:
                 if not self.verify_skip:
                     parts.append("no-skip")
@@ -115,8 +121,8 @@ def build_decoders(cfg: MethodConfig, vla, datastore=None) -> Decoders:
 def mode_decoders(cfg: MethodConfig, vla, datastore=None) -> tuple[dict, object | None]:
     """({mode: SpeculativeDecoder}, the RetrievalProposer or None): every decoder a method runs,
     built one way for eval, replay, bench and calibrate, so what is calibrated is what runs."""
-    from heisd.decoding import (DecodeConfig, ExactAcceptance, SpeculativeDecoder, TokenRelaxedAcceptance,
-                                Verifier)
+    from heisd.decoding import (DecodeConfig, ExactAcceptance, JacobiProposer, SpeculativeDecoder,
+                                TokenRelaxedAcceptance, Verifier)
 
     verifier = Verifier(vla.llm)
     dcfg = DecodeConfig(n_tokens=vla.config.n_action_tokens, vocab_size=vla.config.vocab_size,
@@ -124,6 +130,8 @@ def mode_decoders(cfg: MethodConfig, vla, datastore=None) -> tuple[dict, object 
     drafter = _drafter_proposer(cfg, vla) if cfg.drafter else None
     if cfg.method == "ar":
         return {"drafter": SpeculativeDecoder(verifier, dcfg)}, None
+    if cfg.method == "jacobi":
+        return {"jacobi": SpeculativeDecoder(verifier, dcfg, JacobiProposer(), ExactAcceptance())}, None
     if cfg.method in ("specvla", "specvla-relaxed"):
         rule = TokenRelaxedAcceptance(cfg.relaxed_r) if cfg.method == "specvla-relaxed" else ExactAcceptance()
         return {"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None
@@ -159,7 +167,7 @@ def _retrieval_proposer(cfg: MethodConfig, vla, datastore, fallback, vocab):
     if datastore is None:
         datastore = open_datastore(cfg.datastore, vla)
     rcfg = retrieval_config(cfg, vla)
-    plain = cfg.metric_only  # the ablation's first rung: retrieval drafts checked exactly, never skipped
+    plain = cfg.lossless  # retrieval drafts checked exactly, never skipped
     skip = VerifySkip.from_datastore(datastore) if cfg.verify_skip and not plain else None
     early = PrefillSkip.from_datastore(datastore) if cfg.prefill_skip and not plain else None
     rule = rcfg.acceptance() if cfg.group_acceptance and not plain else ExactAcceptance()

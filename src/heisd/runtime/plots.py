@@ -64,7 +64,7 @@ def _mode_path(summaries: list[dict], out: Path) -> Path | None:
     """The first successful full-HeiSD episode: its path colored by mode, and F over time."""
     import matplotlib.pyplot as plt
 
-    full = [s for s in summaries if s["config"]["method"] == "heisd" and not s["config"]["metric_only"]
+    full = [s for s in summaries if s["config"]["method"] == "heisd" and not s["config"]["lossless"]
             and s["config"]["verify_skip"] and s["config"]["group_acceptance"]]
     if not full:
         return None

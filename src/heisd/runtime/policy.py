@@ -37,11 +37,13 @@ class VLAPolicy:
     task: str | None = None
     _prompt: torch.Tensor | None = field(default=None, repr=False)
     _tracker: object | None = field(default=None, repr=False)
+    _previous: list[int] | None = field(default=None, repr=False)  # the last step's action tokens
 
     def reset(self, instruction: str, task: str | None = None) -> None:
         """New episode: encode the prompt once, forget per-episode decoder state."""
         self.instruction, self.task = instruction, task
         self._prompt = self.vla.encode_prompt(instruction)
+        self._previous = None
         for decoder in self.decoders.by_mode.values():
             decoder.reset()
         switch = self.decoders.switch
@@ -71,9 +73,11 @@ class VLAPolicy:
         mode, metric = self._mode(path)
         images = torch.from_numpy(np.ascontiguousarray(image))[None]
         prefix, key = self.vla.encode_observation(images, self._prompt, torch.from_numpy(state)[None])
-        context = {"key": key[0].numpy(), "task": self.task}
+        # proposers may read the previous action (Jacobi's warm start, the skips' gripper guard)
+        context = {"key": key[0].numpy(), "task": self.task, "previous_action": self._previous}
         t1 = time.perf_counter()
         result = self.decoders.by_mode[mode].decode(prefix, context)
+        self._previous = list(result.tokens)
         cfg = self.vla.config
         actions = self.vla.action_tokenizer.decode(np.asarray(result.tokens).reshape(cfg.chunk, cfg.action_dim))
         t2 = time.perf_counter()
