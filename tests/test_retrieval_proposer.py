@@ -114,8 +114,9 @@ def frame(built, episode: int, t: int):
     with torch.no_grad():
         embeds = vla.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), vla.encode_prompt(ep.instruction),
                                    torch.from_numpy(ep.state[t : t + 1]))
-    key = encode_frames(vla, ep.images[t : t + 1], ep.instruction, ep.state[t : t + 1]).keys[0]
-    return embeds, {"key": key, "task": ep.task}
+    enc = encode_frames(vla, ep.images[t : t + 1], ep.instruction, ep.state[t : t + 1])
+    # the previous action: the target's own on this frame (same gripper state as its drafts)
+    return embeds, {"key": enc.keys[0], "task": ep.task, "previous_action": enc.own_tokens[0].tolist()}
 
 
 def decoder_for(vla, proposer, cfg: RetrievalConfig) -> SpeculativeDecoder:
@@ -125,7 +126,8 @@ def decoder_for(vla, proposer, cfg: RetrievalConfig) -> SpeculativeDecoder:
 def test_own_tokens_give_one_verify_and_skip_gives_none(built) -> None:
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
-    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2)
+    # the random target's own actions move the gripper within the chunk: the guard would veto every skip
+    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2, gripper_guard=False)
     for skip in (None, VerifySkip(theta=0.99)):
         proposer = RetrievalProposer(store, cfg, vocab=vocab, verify_skip=skip)
         decoder = decoder_for(vla, proposer, cfg)
@@ -288,10 +290,41 @@ def test_continuation_drafts_the_rest_from_agreeing_sequences_only(built) -> Non
     assert proposer._continuation(state) is None
 
 
-def test_prefill_skip_emits_the_top1_action_without_running_the_target(built, monkeypatch) -> None:
+def test_a_skip_never_moves_the_gripper(built, monkeypatch) -> None:
+    """Safe skips: a draft that would open or close the gripper, or any draft on an episode's first
+    step (no previous action), is verified instead of skipped, by both skips."""
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
     vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2)
+    embeds, context = frame(built, 0, 4)
+    previous = context["previous_action"]
+    real_query = store.query
+
+    def steady_query(*args, **kwargs):  # drafts whose grippers (3, 7) stay as the previous action left them
+        result = real_query(*args, **kwargs)
+        own = np.array(result.own_tokens)
+        own[:, [3, 7]] = previous[7]
+        return dataclasses.replace(result, own_tokens=own)
+
+    for skips in ({"prefill_skip": PrefillSkip(-1.0)}, {"verify_skip": VerifySkip(theta=-1.0)}):
+        decoder = decoder_for(vla, RetrievalProposer(store, cfg, vocab=vocab, **skips), cfg)
+        # the tiny target's own actions open and close the gripper within the chunk: verified
+        moving = decoder.decode(embeds, context).proposer_stats
+        assert not moving.skipped and moving.gripper_veto
+        first_step = decoder.decode(embeds, {**context, "previous_action": None}).proposer_stats
+        assert not first_step.skipped and first_step.gripper_veto
+        unguarded = RetrievalProposer(store, RetrievalConfig.for_action(4, 2, gripper_guard=False), vocab=vocab, **skips)
+        assert decoder_for(vla, unguarded, cfg).decode(embeds, context).proposer_stats.skipped
+        monkeypatch.setattr(store, "query", steady_query)
+        steady = decoder.decode(embeds, context)
+        assert steady.proposer_stats.skipped and steady.tokens[3] == steady.tokens[7] == previous[7]
+        monkeypatch.undo()
+
+
+def test_prefill_skip_emits_the_top1_action_without_running_the_target(built, monkeypatch) -> None:
+    vla = built["vla"]
+    store = open_datastore(built["store"], vla)
+    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2, gripper_guard=False)
     embeds, context = frame(built, 0, 4)
     queries = []
     real_query = store.query

@@ -46,6 +46,8 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
     p.add_argument("--no-verify-skip", action="store_true", help="ablation: never skip verification")
     p.add_argument("--no-prefill-skip", action="store_true",
                    help="ablation: never skip the target on a close image key (ours; verify-skip still applies)")
+    p.add_argument("--no-gripper-guard", action="store_true",
+                   help="ablation: let a skip accept a draft that opens or closes the gripper unverified")
     p.add_argument("--lossless", "--metric-only", dest="lossless", action="store_true",
                    help="exact acceptance and no skips in every mode: the same tokens as AR (retrieval, heisd); "
                         "for heisd also the paper's first ablation rung, 'metric only'")
@@ -66,6 +68,7 @@ def method_config(args: argparse.Namespace, method: str | None = None, **overrid
         group_acceptance=not args.no_group_acceptance,
     )
     optional = dict(relaxed_r="relaxed_r", verify_skip="no_verify_skip", prefill_skip="no_prefill_skip",
+                    gripper_guard="no_gripper_guard",
                     switch_threshold="switch_threshold", lossless="lossless")
     for field, flag in optional.items():  # flags only the method-running commands have
         if hasattr(args, flag):

@@ -65,6 +65,7 @@ class RetrievalConfig:
     payload: Payload = "own"  # draft from the target's own greedy tokens, the demonstrator's, or both
     rank_decay: float = 0.7  # weight of the r-th retrieved sequence is rank_decay**r (votes add up; untuned)
     continue_drafts: bool = True  # after a rejection, draft the rest from the agreeing retrieved sequences
+    gripper_guard: bool = True  # safe skips: a draft that opens or closes the gripper is verified, never skipped
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", tuple(tuple(int(p) for p in g) for g in self.groups))
@@ -85,6 +86,11 @@ class RetrievalConfig:
     @property
     def n_tokens(self) -> int:
         return sum(len(g) for g in self.groups)
+
+    def token_bounds(self) -> list[int]:
+        """Per position, the largest bin deviation a single token may have (0 for grippers)."""
+        exact = {p for g in self.exact_groups for p in self.groups[g]}
+        return [0 if p in exact else self.max_dev for p in range(self.n_tokens)]
 
     def acceptance(self) -> GroupRelaxedAcceptance:
         """The acceptance rule these drafts are meant for (one source of the group layout)."""
@@ -180,6 +186,7 @@ class RetrievalStepStats:
     prefill_skipped: bool = False  # ... and with no prefill either (the target did not run)
     hidden_similarity: float | None = None  # verify-skip's cosine similarity (None: skip off)
     continuations: int = 0  # later trees of this step drawn from the agreeing retrieved sequences
+    gripper_veto: bool = False  # the guard refused a skip (the draft moves the gripper, or no previous action)
 
 
 class RetrievalProposer(Proposer):
@@ -201,8 +208,8 @@ class RetrievalProposer(Proposer):
                              f"{datastore.manifest['n_tokens']}")
         self.datastore, self.config, self.fallback = datastore, config, fallback
         self.vocab, self.verify_skip, self.prefill_skip = vocab, verify_skip, prefill_skip
-        exact = {p for g in config.exact_groups for p in config.groups[g]}
-        self._bound = [0 if p in exact else config.max_dev for p in range(config.n_tokens)]  # per-token rule
+        self._bound = config.token_bounds()
+        self._grippers = sorted(p for g in config.exact_groups for p in config.groups[g])
         self._reset_step({})
 
     def _reset_step(self, context: dict) -> None:
@@ -228,6 +235,8 @@ class RetrievalProposer(Proposer):
             return None
         self._stats.top1_similarity = float(result.similarities[0])
         tokens = self.prefill_skip.tokens(result.similarities[0], self.config.sequences(result)[0], self.vocab)
+        if tokens is not None and not self._keeps_gripper(tokens):
+            tokens, self._stats.gripper_veto = None, True
         if tokens is not None:
             self._stats.skipped = self._stats.prefill_skipped = True
         return tokens
@@ -269,11 +278,26 @@ class RetrievalProposer(Proposer):
         if self.verify_skip is not None:
             skip = self.verify_skip.proposal(state, result.hidden[0], sequences[0], self.vocab)
             stats.hidden_similarity = self.verify_skip.last_similarity
+            if skip is not None and not self._keeps_gripper(sequences[0]):
+                skip, stats.gripper_veto = None, True
             if skip is not None:
                 stats.skipped = True
                 return skip
         agree = self._agreeing(sequences, state.emitted)
         return self._tree(state, sequences[agree if agree.any() else slice(None)])
+
+    def _keeps_gripper(self, sequence: Sequence[int]) -> bool:
+        """Safe skips: a draft accepted unverified must leave the gripper as the previous action
+        left it (open or closed, the sign of the normalized value); a change is verified instead.
+        The first step of an episode has no previous action and is never skipped."""
+        previous = self._context.get("previous_action")
+        if not self.config.gripper_guard or not self._grippers:
+            return True
+        if previous is None:
+            return False
+        closed = lambda token: self.vocab.bin(int(token)) >= self.vocab.n_bins // 2  # noqa: E731
+        state = closed(previous[self._grippers[-1]])
+        return all(closed(sequence[p]) == state for p in self._grippers)
 
     def _continuation(self, state: DecodeState) -> Proposal | None:
         """After a rejection: a tree from the step's sequences that agree with all emitted tokens."""

@@ -48,6 +48,7 @@ class MethodConfig:
     # the target step it saves, BENCHMARKS 3.1) or "drafter" SD as in the paper
     retrieval_fallback: str = "ar"
     continuation: bool = default_of(RetrievalConfig, "continue_drafts")  # after a rejection, draft the rest
+    gripper_guard: bool = default_of(RetrievalConfig, "gripper_guard")  # skips never move the gripper
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
     prefill_skip: bool = True  # ours: skip the target altogether on a close image key (retrieval mode)
     group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
@@ -88,6 +89,8 @@ class MethodConfig:
                     parts.append("no-group")
                 if not self.prefill_skip:
                     parts.append("no-prefill-skip")
+                if not self.gripper_guard:
+                    parts.append("no-gripper-guard")
             if not self.continuation:
                 parts.append("no-continuation")
             if self.retrieval_fallback == "drafter":
@@ -157,7 +160,7 @@ def retrieval_config(cfg: MethodConfig, vla) -> RetrievalConfig:
     """The retrieval settings of `cfg` for this target's action layout."""
     return RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=cfg.retrieval_k,
                                       node_budget=cfg.retrieval_budget, payload=cfg.payload,
-                                      continue_drafts=cfg.continuation)
+                                      continue_drafts=cfg.continuation, gripper_guard=cfg.gripper_guard)
 
 
 def _retrieval_proposer(cfg: MethodConfig, vla, datastore, fallback, vocab):

@@ -56,7 +56,7 @@ def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: li
         ar_latencies.append(ref.latency_ms)
         ours, greedy = np.asarray(rec.tokens), np.asarray(ref.tokens)
         bins = np.abs(tokenizer.vocab.bin(ours.astype(int)) - tokenizer.vocab.bin(greedy.astype(int)))
-        rows.append((rec, (ours != greedy).mean(), bins.mean(), bins.max(), ep.task))
+        rows.append((rec, (ours != greedy).mean(), bins.mean(), bins.max(), ep.task, bins))
     if not rows:
         raise ValueError(f"no frames to replay in {[str(p) for p in paths]}")
     ar = latency_stats(ar_latencies)
@@ -69,4 +69,19 @@ def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: li
         mean_bin_deviation=float(np.mean([r[2] for r in rows])),
         max_bin_deviation=int(max(r[3] for r in rows)),
     )
+    result["skipped_steps"] = _skipped_deviation(policy, [r[5] for r in rows if r[0].skipped])
     return result
+
+
+def _skipped_deviation(policy: VLAPolicy, deviations: list[np.ndarray]) -> dict:
+    """What the skips let through unverified, against the target's greedy tokens: the share of
+    tokens beyond a single token's group bound (any gripper change counts) and the largest
+    deviation per action dimension."""
+    retrieval = policy.decoders.retrieval
+    if retrieval is None or not deviations:
+        return {"steps": len(deviations)}
+    dev = np.stack(deviations)  # [S, n]
+    bounds = np.asarray(retrieval.config.token_bounds())
+    cfg = policy.vla.config
+    return {"steps": len(dev), "out_of_bound_share": float((dev > bounds).mean()),
+            "max_bin_deviation_per_dim": dev.reshape(len(dev), cfg.chunk, cfg.action_dim).max(axis=(0, 1)).tolist()}
