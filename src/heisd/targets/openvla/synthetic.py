@@ -4,8 +4,9 @@
 timm ids, image sizes, text_config with only non-default values, norm_stats ...). A shape
 other than the real one is given as explicit ViT kwargs (`timm_model_kwargs`, ours) and a
 smaller `text_config`. Random weights follow one rule per kind of tensor, chosen so the
-random model behaves like a trained one where tests look: images change the output, and
-the greedy tokens are action tokens (the lm_head rows of all other ids are zero).
+random model behaves like a trained one where tests look: images change the output (the
+LLM's attention is peaked), and the greedy tokens are action tokens (the lm_head rows of
+all other ids are zero).
 """
 
 from __future__ import annotations
@@ -101,7 +102,11 @@ def random_tensor(name: str, shape: tuple[int, ...], generator: torch.Generator,
         return 3.0 * x * keep
     if name.endswith(("embed_tokens.weight", "pos_embed", "cls_token", "reg_token", "latent")):
         return x if name.endswith("embed_tokens.weight") else 0.5 * x
-    return x / math.sqrt(math.prod(shape[1:]))  # unit-variance activations through each layer
+    x = x / math.sqrt(math.prod(shape[1:]))  # unit-variance activations through each layer
+    if name.endswith(("q_proj.weight", "k_proj.weight")):
+        # peaked attention: uniform attention over 256 patches would average the image away
+        return 4.0 * x
+    return x
 
 
 def random_tensors(shapes: dict[str, tuple[int, ...]], seed: int, device: torch.device, dtype: torch.dtype,
