@@ -74,6 +74,8 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         tree = branching_tree(n, config.tree_branching, first_action, spec.n_bins)
         pieces["tree_verify"][str(n)] = timed(lambda: verifier.verify(pre.cache, root, tree),
                                               after=lambda _, n=n: pre.cache.crop(-(1 + n)))
+    if pre.cache.get_seq_length() != prefix.shape[1]:  # every timed pass must have been rolled back
+        raise RuntimeError(f"KV cache holds {pre.cache.get_seq_length()} positions after profiling, not {prefix.shape[1]}")
     if drafter is not None:
         dev = drafter.fc.weight.device
         features = pre.hidden[None, None].to(dev)

@@ -49,7 +49,8 @@ class ActionCodec(Protocol):
 
 @runtime_checkable
 class Target(Protocol):
-    """Images are uint8 [B, H, W, 3] of any size (the target resizes); prompts come from `encode_prompt`."""
+    """Images are uint8 [B, H, W, 3] of any size (the target resizes); prompt ids [B, L] come from
+    `encode_prompt` (expanded to the batch); state is [B, spec.state_dim] or None when that is 0."""
 
     @property
     def spec(self) -> TargetSpec: ...
