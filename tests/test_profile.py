@@ -77,6 +77,17 @@ def test_profile_random_openvla_tiny_shape(tmp_path):
     assert result["target"] == "random OpenVLA (tiny shape)" and result["llm_parameters"] > 0
 
 
+def test_profile_errors_are_one_line(tiny_openvla_dir, tmp_path):
+    for args, expected in ((["--target", str(tmp_path)], "no config.json in"),
+                           (["--target", str(tiny_openvla_dir)], "choose one with --unnorm-key"),
+                           (["--target", str(ROOT / "checkpoints/vla"), "--datastore", str(tmp_path / "none")],
+                            str(tmp_path / "none"))):
+        with pytest.raises(SystemExit) as info:
+            main(["profile", *args, "--out", str(tmp_path / "p.json")])
+        assert str(info.value).startswith("heisd profile: ") and expected in str(info.value)
+        assert "\n" not in str(info.value)
+
+
 def test_gpu_profile_script_dry_run_on_cpu(tmp_path):
     env = {**os.environ, "DEVICE": "cpu", "DTYPE": "float32", "SHAPE": "tiny", "REPEATS": "1",
            "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src")}

@@ -54,18 +54,12 @@ def _device_name(device) -> str:
     return platform.processor() or "cpu"
 
 
-def run(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace, device, dtype):
+    """(target, its name for the report, drafter or None, datastore or None)."""
     import torch
-    import transformers
 
-    from heisd.profiling import ProfileConfig, format_table, profile_target, random_drafter
+    from heisd.profiling import random_drafter
 
-    if args.repeats < 1 or args.warmup < 0 or min(args.tree_sizes) < 1:
-        raise SystemExit("--repeats must be >= 1, --warmup >= 0, --tree-sizes >= 1")
-    torch.set_num_threads(args.threads)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible to torch")
     if args.random_openvla_7b:
         from heisd.targets.openvla import random_openvla
 
@@ -92,12 +86,37 @@ def run(args: argparse.Namespace) -> int:
         from heisd.retrieval.datastore import Datastore
 
         datastore = Datastore.load(args.datastore)
+    return target, name, drafter, datastore
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    from heisd.drafter.model import DrafterError
+    from heisd.profiling import ProfileConfig, format_table, profile_target
+    from heisd.retrieval.manifest import DatastoreError
+    from heisd.vla import CheckpointError
+
+    if args.repeats < 1 or args.warmup < 0 or min(args.tree_sizes) < 1:
+        raise SystemExit("--repeats must be >= 1, --warmup >= 0, --tree-sizes >= 1")
+    torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible to torch")
+    try:
+        target, name, drafter, datastore = _load(args, device, dtype)
+    except (CheckpointError, DrafterError, DatastoreError) as e:
+        raise SystemExit(f"heisd profile: {e}") from e
     config = ProfileConfig(repeats=args.repeats, warmup=args.warmup, tree_sizes=tuple(args.tree_sizes),
                            seed=args.seed)
+    try:
+        pieces = profile_target(target, config, drafter, datastore)
+    except ValueError as e:  # e.g. a datastore whose keys do not fit this target
+        raise SystemExit(f"heisd profile: {e}") from e
     result = {"target": name, "device": str(device), "device_name": _device_name(device), "dtype": args.dtype,
               "threads": torch.get_num_threads(),
-              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-              **profile_target(target, config, drafter, datastore)}
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__}, **pieces}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(format_table(result))
