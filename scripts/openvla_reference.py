@@ -45,7 +45,8 @@ def file_hashes(directory: Path) -> dict[str, str]:
 
 
 def import_reference(hf_dir: Path):
-    spec = importlib.util.spec_from_file_location("hf", hf_dir / "__init__.py", submodule_search_locations=[str(hf_dir)])
+    spec = importlib.util.spec_from_file_location("hf", hf_dir / "__init__.py",
+                                                  submodule_search_locations=[str(hf_dir)])
     package = importlib.util.module_from_spec(spec)
     sys.modules["hf"] = package
     spec.loader.exec_module(package)
@@ -81,7 +82,8 @@ def main() -> int:
     for f in sorted(args.checkpoint.glob("*.safetensors")):
         state.update(load_file(str(f)))
     model.load_state_dict(state, strict=True)  # the key layout, checked by the reference itself
-    image_processor = processing.PrismaticImageProcessor(**json.loads((args.checkpoint / "preprocessor_config.json").read_text()))
+    saved = json.loads((args.checkpoint / "preprocessor_config.json").read_text())
+    image_processor = processing.PrismaticImageProcessor(**saved)
     tokenizer = AutoTokenizer.from_pretrained(str(args.checkpoint))
     processor = processing.PrismaticProcessor(image_processor=image_processor, tokenizer=tokenizer)
     cases = []

@@ -167,7 +167,7 @@ def test_teacher_forced_with_left_padded_prompts_matches_each_row_alone(tiny_ope
 # ----- token -> action -----
 def test_denormalization_matches_openvlas_formula_on_hand_checked_values():
     q01, q99 = np.array([-1.0, 0.0, 2.0]), np.array([1.0, 4.0, 3.0])
-    tok = OpenVLAActionTokenizer(32000, q01, q99, mask=np.array([True, True, False]))
+    tok = OpenVLAActionTokenizer(32000, q01, q99, mask=np.array([True, True, False]), n_bins=256)
     # 31872: bin index 127, the center of linspace(-1, 1, 256)'s middle cell: normalized 0.0
     np.testing.assert_allclose(tok.decode(np.array([31872] * 3)), [0.0, 2.0, 0.0], atol=1e-7)
     # 31999: bin index 0, center -1 + 1/255 = -0.99608 (unmasked dims pass it through)

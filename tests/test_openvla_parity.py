@@ -44,7 +44,8 @@ def test_ar_loop_equals_transformers_greedy_generate(tiny_openvla, prefixes, ar_
     llm = tiny_openvla.llm
     for prefix, ours in zip(prefixes, ar_tokens):
         with torch.no_grad():
-            generated = llm.generate(inputs_embeds=prefix, attention_mask=torch.ones(prefix.shape[:2], dtype=torch.long),
+            mask = torch.ones(prefix.shape[:2], dtype=torch.long)
+            generated = llm.generate(inputs_embeds=prefix, attention_mask=mask,
                                      max_new_tokens=7, do_sample=False, pad_token_id=tiny_openvla.spec.pad_id)
         assert generated[0, -7:].tolist() == ours
         assert all(31744 <= t < 32000 for t in ours)

@@ -68,7 +68,8 @@ def test_profile_tiny_openvla_with_drafter_and_datastore(tiny_openvla_dir, tmp_p
 
 
 def test_profile_shipped_small_vla_with_its_drafter(tmp_path):
-    result = run_profile(tmp_path, "--target", str(ROOT / "checkpoints/vla"), "--drafter", str(ROOT / "checkpoints/drafter"))
+    result = run_profile(tmp_path, "--target", str(ROOT / "checkpoints/vla"),
+                         "--drafter", str(ROOT / "checkpoints/drafter"))
     assert result["spec"]["n_action_tokens"] == 8 and "drafter_pass" in result["pieces_ms"]
 
 

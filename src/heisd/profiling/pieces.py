@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from heisd.decoding import DraftTree, Verifier
+from heisd.decoding.vocab import ActionVocab
 from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
 from heisd.profiling.timer import measure
 from heisd.retrieval.datastore import Datastore
@@ -68,14 +69,15 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
     root = [pre.token]
     pieces["decode_step"] = timed(lambda: verifier.verify(pre.cache, root, DraftTree.empty()),
                                   after=lambda _: pre.cache.crop(-1))
-    first_action = spec.vocab_size - spec.n_bins
+    first_action = ActionVocab(spec.vocab_size, spec.n_bins).first_id
     pieces["tree_verify"] = {}
     for n in config.tree_sizes:
         tree = branching_tree(n, config.tree_branching, first_action, spec.n_bins)
         pieces["tree_verify"][str(n)] = timed(lambda: verifier.verify(pre.cache, root, tree),
                                               after=lambda _, n=n: pre.cache.crop(-(1 + n)))
     if pre.cache.get_seq_length() != prefix.shape[1]:  # every timed pass must have been rolled back
-        raise RuntimeError(f"KV cache holds {pre.cache.get_seq_length()} positions after profiling, not {prefix.shape[1]}")
+        raise RuntimeError(f"KV cache holds {pre.cache.get_seq_length()} positions after profiling, "
+                           f"not {prefix.shape[1]}")
     if drafter is not None:
         dev = drafter.fc.weight.device
         features = pre.hidden[None, None].to(dev)
@@ -85,7 +87,8 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         pieces["drafter_pass"] = timed(lambda: drafter(features, tokens, positions, mask, DynamicCache()))
     if datastore is not None:
         if datastore.key_dim != key.shape[1]:
-            raise ValueError(f"datastore {datastore.root} has {datastore.key_dim}-d keys, this target's are {key.shape[1]}-d")
+            raise ValueError(f"datastore {datastore.root} has {datastore.key_dim}-d keys, "
+                             f"this target's are {key.shape[1]}-d")
         query = key[0].float().cpu().numpy()
         pieces["datastore_query"] = measure(lambda: datastore.query(query, None, config.retrieval_k),
                                             torch.device("cpu"), config.repeats, config.warmup).to_dict()

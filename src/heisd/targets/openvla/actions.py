@@ -16,7 +16,7 @@ _EPS = 1e-8  # OpenVLA's data pipeline guard against q99 == q01 (encoding only, 
 
 
 class OpenVLAActionTokenizer(ActionTokenizer):
-    def __init__(self, vocab_size: int, q01: np.ndarray, q99: np.ndarray, mask: np.ndarray, n_bins: int = 256):
+    def __init__(self, vocab_size: int, q01: np.ndarray, q99: np.ndarray, mask: np.ndarray, n_bins: int):
         super().__init__(vocab_size, q01, q99, n_bins)
         self.mask = np.asarray(mask, dtype=bool)
         if self.mask.shape != self.q01.shape:

@@ -64,7 +64,7 @@ class OpenVLAConfig:
     timm_model_ids: tuple[str, ...]  # one per vision backbone (fused: DINOv2, then SigLIP)
     image_sizes: tuple[int, ...]  # input side per backbone
     timm_override_act_layers: tuple[str | None, ...]  # MLP activation per backbone (None = the model's own)
-    timm_model_kwargs: tuple[dict[str, Any], ...]  # explicit ViT kwargs per backbone (tiny checkpoints; {} = as the id says)
+    timm_model_kwargs: tuple[dict[str, Any], ...]  # explicit ViT kwargs per backbone ({} = as the id says)
     use_fused_vision_backbone: bool  # two backbones, patch features concatenated
     text_config: dict[str, Any]  # LlamaConfig kwargs, 4.40 defaults filled in
     pad_to_multiple_of: int  # embedding rows beyond the tokenizer's base vocabulary
@@ -88,11 +88,13 @@ class OpenVLAConfig:
         fused = bool(_require(data, "use_fused_vision_backbone", where))
         n = 2 if fused else 1
         if len(ids) != n:
-            raise CheckpointError(f"{where}: use_fused_vision_backbone={fused} needs {n} timm_model_ids, got {len(ids)}")
+            raise CheckpointError(f"{where}: use_fused_vision_backbone={fused} needs {n} timm_model_ids, "
+                                  f"got {len(ids)}")
         text = dict(_require(data, "text_config", where))
         model_type = text.get("model_type", "llama")
         if model_type != "llama":
-            raise CheckpointError(f"{where}: text_config.model_type {model_type!r}: only Llama LLM backbones are supported")
+            raise CheckpointError(f"{where}: text_config.model_type {model_type!r}: "
+                                  f"only Llama LLM backbones are supported")
         text = {**LLAMA_TEXT_DEFAULTS, **{k: v for k, v in text.items() if k not in _TEXT_IGNORED}}
         acts = tuple(data.get("timm_override_act_layers", [None] * n))
         kwargs = tuple(dict(k) for k in data.get("timm_model_kwargs", [{}] * n))
@@ -106,7 +108,8 @@ class OpenVLAConfig:
                      n_action_bins=int(_require(data, "n_action_bins", where)),
                      norm_stats=dict(_require(data, "norm_stats", where)), source=source)
         if config.vocab_size < config.n_action_bins:
-            raise CheckpointError(f"{where}: vocabulary {config.vocab_size} cannot hold {config.n_action_bins} action ids")
+            raise CheckpointError(f"{where}: vocabulary {config.vocab_size} cannot hold "
+                                  f"{config.n_action_bins} action ids")
         return config
 
     @classmethod

@@ -92,7 +92,8 @@ class ImagePreprocessor:
     @classmethod
     def _from_tvf(cls, d: dict[str, Any]) -> ImagePreprocessor:
         views = []
-        for resize, crop, norm in zip(d["tvf_resize_params"], d["tvf_crop_params"], d["tvf_normalize_params"], strict=True):
+        params = zip(d["tvf_resize_params"], d["tvf_crop_params"], d["tvf_normalize_params"], strict=True)
+        for resize, crop, norm in params:
             size = resize["size"]
             views.append(ViewTransform(resize=int(size) if isinstance(size, int) else (int(size[0]), int(size[1])),
                                        resample=int(resize["interpolation"]),

@@ -30,7 +30,8 @@ class PromptEncoder:
         if bos is None:
             raise CheckpointError(f"{where}: the tokenizer has no BOS token")
         if empty is None or empty == tokenizer.unk_token_id:
-            raise CheckpointError(f"{where}: the tokenizer has no {EMPTY_PIECE!r} piece (OpenVLA appends it to prompts)")
+            raise CheckpointError(f"{where}: the tokenizer has no {EMPTY_PIECE!r} piece "
+                                  f"(OpenVLA appends it to prompts)")
         self.bos_id, self.empty_id = int(bos), int(empty)
         pad = tokenizer.pad_token_id  # OpenVLA adds <PAD>; without one, pads are masked out anyway
         self.pad_id = int(pad) if pad is not None else self.bos_id

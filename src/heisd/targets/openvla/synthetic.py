@@ -11,6 +11,7 @@ all other ids are zero).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -51,21 +52,24 @@ def _stats(q01: list[float], q99: list[float]) -> dict[str, Any]:
 # Two datasets, so that choosing one (and the `_no_noops` fallback) is exercised.
 NORM_STATS = {
     "bridge_orig": _stats([-0.03, -0.04, -0.03, -0.1, -0.1, -0.2, 0.0], [0.03, 0.04, 0.04, 0.1, 0.1, 0.2, 1.0]),
-    "libero_spatial_no_noops": _stats([-0.75, -0.6, -0.9, -0.1, -0.15, -0.2, 0.0], [0.9, 0.85, 0.95, 0.15, 0.2, 0.3, 1.0]),
+    "libero_spatial_no_noops": _stats([-0.75, -0.6, -0.9, -0.1, -0.15, -0.2, 0.0],
+                                      [0.9, 0.85, 0.95, 0.15, 0.2, 0.3, 1.0]),
 }
 
 
 def config_dict(shape: str) -> dict[str, Any]:
-    spec = SHAPES[shape]
+    """A fresh dict (callers may edit it) of config.json for `shape`."""
+    spec = copy.deepcopy(SHAPES[shape])
     text = {"model_type": "llama", "pad_token_id": BASE_VOCAB, "torch_dtype": "bfloat16",
             "vocab_size": BASE_VOCAB + PAD_TO_MULTIPLE_OF, **spec["text_config"]}
     return {
         "arch_specifier": "no-align+fused-gelu-mlp", "architectures": ["OpenVLAForActionPrediction"],
         "hf_llm_id": "meta-llama/Llama-2-7b-hf", "image_resize_strategy": "resize-naive",
         "image_sizes": [IMAGE_SIZE, IMAGE_SIZE], "llm_backbone_id": "llama2-7b-pure", "llm_max_length": 2048,
-        "model_type": "openvla", "n_action_bins": 256, "norm_stats": NORM_STATS, "output_projector_states": False,
+        "model_type": "openvla", "n_action_bins": 256, "norm_stats": copy.deepcopy(NORM_STATS),
+        "output_projector_states": False,
         "pad_to_multiple_of": PAD_TO_MULTIPLE_OF, "pad_token_id": BASE_VOCAB, "text_config": text,
-        "timm_model_ids": TIMM_MODEL_IDS, "timm_override_act_layers": [None, None],
+        "timm_model_ids": list(TIMM_MODEL_IDS), "timm_override_act_layers": [None, None],
         "timm_model_kwargs": spec["timm_model_kwargs"], "torch_dtype": "bfloat16",
         "use_fused_vision_backbone": True, "vision_backbone_id": "dinosiglip-vit-so-224px",
     }

@@ -73,7 +73,8 @@ def vit_spec(timm_id: str, img_size: int, act_layer: str | None, kwargs: dict[st
     known = {f.name for f in dataclasses.fields(ViTSpec)}
     unknown = set(kwargs) - known
     if unknown:
-        raise ValueError(f"timm_model_kwargs for {timm_id!r}: unsupported {sorted(unknown)} (supported: {sorted(known)})")
+        raise ValueError(f"timm_model_kwargs for {timm_id!r}: unsupported {sorted(unknown)} "
+                         f"(supported: {sorted(known)})")
     if act_layer not in _ACTIVATIONS:
         raise ValueError(f"timm_override_act_layers: unsupported activation {act_layer!r} for {timm_id!r}")
     spec = ViTSpec(**{**TIMM_VITS.get(arch, {}), **kwargs, "img_size": img_size, "act_layer": act_layer})
