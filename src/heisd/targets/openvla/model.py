@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -41,7 +42,7 @@ class OpenVLAParts:
 
 
 class OpenVLA(nn.Module):
-    def __init__(self, parts: OpenVLAParts, attn_implementation: str = "sdpa"):
+    def __init__(self, parts: OpenVLAParts, attn_implementation: str):
         super().__init__()
         config = parts.config
         self.parts = parts
@@ -67,10 +68,6 @@ class OpenVLA(nn.Module):
         return TargetSpec(n_action_tokens=self._actions.action_dim, action_dim=self._actions.action_dim, chunk=1,
                           vocab_size=c.vocab_size, n_bins=c.n_action_bins, hidden_size=c.hidden_size,
                           image_size=c.image_sizes[0], state_dim=0, pad_id=self.parts.prompt.pad_id)
-
-    @property
-    def device(self) -> torch.device:
-        return self.projector.fc1.weight.device
 
     def encode_prompt(self, instruction: str) -> torch.Tensor:
         return self.parts.prompt.encode_tensor(instruction)

@@ -24,7 +24,7 @@ import torch
 
 from heisd.targets.openvla.load import ATTENTION, build_on_meta, finish, read_parts
 from heisd.targets.openvla.model import OpenVLA
-from heisd.targets.openvla.standin_tokenizer import save_standin_tokenizer
+from heisd.targets.openvla.standin_tokenizer import BASE_VOCAB, save_standin_tokenizer
 
 SHAPES: dict[str, dict[str, Any]] = {
     # the real model: the timm ids' own architectures, LlamaConfig defaults (Llama-2-7B)
@@ -38,7 +38,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 TIMM_MODEL_IDS = ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"]
 IMAGE_SIZE = 224
 PAD_TO_MULTIPLE_OF = 64
-BASE_VOCAB = 32000
 
 
 def _stats(q01: list[float], q99: list[float]) -> dict[str, Any]:
