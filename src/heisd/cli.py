@@ -23,6 +23,8 @@ COMMANDS = {
     "eval": "eval",
     "bench": "bench",
     "demo": "demo",
+    "tiny-openvla": "tiny_openvla",
+    "profile": "profile",
 }
 
 

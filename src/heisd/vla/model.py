@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from heisd.targets.base import TargetSpec, TeacherForced
 from heisd.vla.action_tokenizer import ActionTokenizer
 from heisd.vla.text_tokenizer import TextTokenizer
 from heisd.vla.vision import VisionEncoder
@@ -103,12 +104,6 @@ class NormStats:
         return cls(**arrays, extra=d.get("extra", {}))
 
 
-@dataclass
-class TeacherForced:
-    logits: torch.Tensor  # [B, n_action_tokens, padded_vocab]: logits predicting each action token
-    hidden: torch.Tensor  # [B, n_action_tokens, d]: lm_head inputs at those positions
-
-
 class VLA(nn.Module):
     def __init__(self, config: VLAConfig, norm_stats: NormStats, text_tokenizer: TextTokenizer):
         super().__init__()
@@ -137,6 +132,14 @@ class VLA(nn.Module):
         # not persistent: norm_stats.json is the single record of these numbers
         self.register_buffer("state_mean", torch.tensor(norm_stats.state_mean, dtype=torch.float32), persistent=False)
         self.register_buffer("state_std", torch.tensor(norm_stats.state_std, dtype=torch.float32), persistent=False)
+
+    @property
+    def spec(self) -> TargetSpec:
+        """This model as a `heisd.targets.Target`."""
+        c = self.config
+        return TargetSpec(n_action_tokens=c.n_action_tokens, action_dim=c.action_dim, chunk=c.chunk,
+                          vocab_size=c.vocab_size, n_bins=c.n_bins, hidden_size=c.hidden_size,
+                          image_size=c.image_size, state_dim=c.state_dim, pad_id=self.text_tokenizer.pad_id)
 
     # ----- prefix -----
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""The pieces of one control step, timed on the target as the decode loop runs them.
+
+vision (frame -> prefix embeddings + retrieval key), prefill, one decode step (an empty
+tree: what AR does per token), one verification pass over draft trees of several sizes,
+one drafter pass, one datastore query. Every LLM piece goes through the project's
+`Verifier`, and the KV cache is rolled back after each timed pass, so each run sees the
+same cache length: the state of a step right after its prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from heisd.decoding import DraftTree, Verifier
+from heisd.decoding.vocab import ActionVocab
+from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
+from heisd.profiling.timer import measure
+from heisd.retrieval.datastore import Datastore
+from heisd.targets.base import Target
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    repeats: int = 20  # timed runs per piece (the median is reported)
+    warmup: int = 3  # untimed runs before them
+    tree_sizes: tuple[int, ...] = (4, 8, 16, 32, 64)  # draft-tree nodes verified in one pass
+    tree_branching: int = 4  # children per node of the profiled trees (filled breadth first)
+    instruction: str = "pick up the black bowl and place it on the plate"  # sets the prompt length
+    retrieval_k: int = 8  # Top-K of the datastore query
+    seed: int = 0  # the random frame
+
+
+def branching_tree(n: int, branching: int, first_action_id: int, n_bins: int) -> DraftTree:
+    """n nodes, each with up to `branching` children, breadth first; action-token drafts."""
+    index = torch.arange(n)
+    return DraftTree(first_action_id + index % n_bins, index // branching - 1)
+
+
+def random_drafter(target: Target) -> Drafter:
+    """A drafter of the target's EAGLE shape with untrained weights: its cost, not its drafts."""
+    spec = target.spec
+    bound = DrafterTarget(target.llm, spec.vocab_size, spec.n_bins)
+    return Drafter(DrafterConfig.for_target(bound), bound).eval()
+
+
+@torch.inference_mode()
+def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | None = None,
+                   datastore: Datastore | None = None) -> dict[str, Any]:
+    spec, llm = target.spec, target.llm
+    device = llm.device
+    rng = np.random.default_rng(config.seed)
+    frame = torch.from_numpy(rng.integers(0, 256, (1, spec.image_size, spec.image_size, 3), dtype=np.uint8))
+    state = torch.zeros(1, spec.state_dim) if spec.state_dim else None
+    prompt = target.encode_prompt(config.instruction)
+
+    def timed(work, after=None) -> dict[str, float | int]:
+        return measure(work, device, config.repeats, config.warmup, after).to_dict()
+
+    pieces: dict[str, Any] = {"vision": timed(lambda: target.encode_observation(frame, prompt, state))}
+    prefix, key = target.encode_observation(frame, prompt, state)
+    verifier = Verifier(llm)
+    pieces["prefill"] = timed(lambda: verifier.prefill(prefix))
+    pre = verifier.prefill(prefix)
+    root = [pre.token]
+    pieces["decode_step"] = timed(lambda: verifier.verify(pre.cache, root, DraftTree.empty()),
+                                  after=lambda _: pre.cache.crop(-1))
+    first_action = ActionVocab(spec.vocab_size, spec.n_bins).first_id
+    pieces["tree_verify"] = {}
+    for n in config.tree_sizes:
+        tree = branching_tree(n, config.tree_branching, first_action, spec.n_bins)
+        pieces["tree_verify"][str(n)] = timed(lambda: verifier.verify(pre.cache, root, tree),
+                                              after=lambda _, n=n: pre.cache.crop(-(1 + n)))
+    if pre.cache.get_seq_length() != prefix.shape[1]:  # every timed pass must have been rolled back
+        raise RuntimeError(f"KV cache holds {pre.cache.get_seq_length()} positions after profiling, "
+                           f"not {prefix.shape[1]}")
+    if drafter is not None:
+        dev = drafter.fc.weight.device
+        features = pre.hidden[None, None].to(dev)
+        tokens, positions = torch.tensor([root], device=dev), torch.zeros(1, 1, dtype=torch.long, device=dev)
+        mask = additive_mask(torch.ones(1, 1, dtype=torch.bool)).to(dev)
+        # the first pass of a proposal: one drafter layer over the action context, fresh cache
+        pieces["drafter_pass"] = timed(lambda: drafter(features, tokens, positions, mask, DynamicCache()))
+    if datastore is not None:
+        if datastore.key_dim != key.shape[1]:
+            raise ValueError(f"datastore {datastore.root} has {datastore.key_dim}-d keys, "
+                             f"this target's are {key.shape[1]}-d")
+        query = key[0].float().cpu().numpy()
+        pieces["datastore_query"] = measure(lambda: datastore.query(query, None, config.retrieval_k),
+                                            torch.device("cpu"), config.repeats, config.warmup).to_dict()
+    return {
+        "spec": asdict(spec), "prefix_len": int(prefix.shape[1]), "key_dim": int(key.shape[1]),
+        "llm_parameters": sum(p.numel() for p in llm.parameters()),
+        "tree_shape": f"{config.tree_branching}-ary, breadth first, action-token drafts",
+        "repeats": config.repeats, "warmup": config.warmup, "pieces_ms": pieces,
+    }

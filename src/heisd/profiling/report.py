@@ -1,0 +1,25 @@
+"""The profile as a table: one row per piece, with its cost in decode steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def rows(pieces: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    """(name, timing) in the order of a control step, one row per tree size."""
+    out = [(name, pieces[name]) for name in ("vision", "prefill", "decode_step") if name in pieces]
+    out += [(f"tree_verify_{n}", t) for n, t in pieces.get("tree_verify", {}).items()]
+    out += [(name, pieces[name]) for name in ("drafter_pass", "datastore_query") if name in pieces]
+    return out
+
+
+def format_table(result: dict[str, Any]) -> str:
+    pieces = result["pieces_ms"]
+    step = pieces["decode_step"]["median_ms"]
+    head = (f"{result['target']} on {result['device_name']} ({result['dtype']}, prefix {result['prefix_len']} tokens, "
+            f"median of {result['repeats']} after {result['warmup']} warm-up runs)")
+    lines = [head, "", "| piece | median ms | p10 ms | p90 ms | decode steps |", "|---|---|---|---|---|"]
+    for name, t in rows(pieces):
+        lines.append(f"| {name} | {t['median_ms']:.2f} | {t['p10_ms']:.2f} | {t['p90_ms']:.2f} | "
+                     f"{t['median_ms'] / step:.2f} |")
+    return "\n".join(lines)

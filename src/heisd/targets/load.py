@@ -1,0 +1,46 @@
+"""`--target DIR`: recognize the kind of checkpoint from its config.json and load it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from heisd.targets.base import Target
+from heisd.vla.checkpoint import CheckpointError
+
+OPENVLA = "openvla"  # config.json `model_type` of OpenVLA checkpoints
+SMALL_VLA = "heisd-vla"  # our own checkpoints (config.json without `model_type`)
+
+
+def checkpoint_kind(directory: str | Path) -> str:
+    """`OPENVLA` or `SMALL_VLA`; a clear error for anything else."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"no config.json in {directory}: not a target checkpoint directory")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"corrupt {path}: {e}") from e
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind is None:
+        return SMALL_VLA
+    if kind == OPENVLA:
+        return OPENVLA
+    raise CheckpointError(f"{path}: model_type {kind!r} is not a supported target (expected 'openvla' or none)")
+
+
+def load_target(directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                unnorm_key: str | None = None) -> Target:
+    """The target in eval mode on `device`/`dtype`. `unnorm_key` picks OpenVLA's action statistics."""
+    if checkpoint_kind(directory) == OPENVLA:
+        from heisd.targets.openvla import load_openvla
+
+        return load_openvla(directory, device=device, dtype=dtype, unnorm_key=unnorm_key)
+    if unnorm_key is not None:
+        raise CheckpointError(f"{directory} is a heisd VLA checkpoint: it has one set of action statistics, "
+                              f"--unnorm-key applies to OpenVLA checkpoints only")
+    from heisd.vla.model import VLA
+
+    return VLA.from_pretrained(directory).to(device=device, dtype=dtype).eval()
