@@ -8,7 +8,8 @@ import pytest
 from helpers import tiny_vla, write_demo_file
 
 from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
-from heisd.retrieval import build_datastore
+from heisd.commands.calibrate import calibrate
+from heisd.retrieval import build_datastore, open_datastore
 from heisd.runtime.bench import ladder, run_bench, write_report
 from heisd.runtime.evaluation import EvalConfig
 from heisd.runtime.methods import MethodConfig
@@ -22,6 +23,10 @@ def resources(tmp_path_factory):
     Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp / "drafter")
     write_demo_file(tmp / "demos.hdf5", ["reach-v3", "drawer-close-v3"], episodes=2, steps=20)
     build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")
+    write_demo_file(tmp / "heldout.hdf5", ["reach-v3"], episodes=1, steps=24)
+    method = MethodConfig("heisd", drafter=str(tmp / "drafter"), datastore=str(tmp / "datastore"),
+                          verify_skip=False, prefill_skip=False)
+    calibrate(vla, open_datastore(tmp / "datastore", vla), [tmp / "heldout.hdf5"], method, n_frames=24)
     return vla, tmp
 
 
@@ -32,8 +37,9 @@ def test_bench_quick_smoke(resources):
                         switch_threshold=0.0)
     configs = ladder(base)
     labels = [c.label for c in configs]
-    assert labels == ["ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "heisd+lossless@0",
-                      "heisd+no-group+no-prefill-skip@0", "heisd+no-prefill-skip@0", "heisd@0"]
+    assert labels == ["ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "heisd+lossless+threshold@0",
+                      "heisd+no-group+no-prefill-skip+threshold@0", "heisd+no-prefill-skip+threshold@0",
+                      "heisd+threshold@0", "heisd+lossless", "heisd"]
     # 24 env steps: the kinematic window (15) fills, so heisd runs retrieval mode too
     cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=24, image_size=32)
     out = tmp / "out"
@@ -46,7 +52,7 @@ def test_bench_quick_smoke(resources):
     # lossless configurations act exactly as AR does: the same path, step for step
     episode = lambda i: json.loads((out / summaries[i]["dir"] / "episodes.jsonl").read_text())  # noqa: E731
     assert "retrieval" in episode(5)["steps"]["mode"]
-    for lossless in (1, 2, 5):  # jacobi, specvla (exact), heisd lossless (exact, no skips)
+    for lossless in (1, 2, 5, 9):  # jacobi, specvla (exact), heisd lossless (threshold and cost switch)
         assert episode(lossless)["steps"]["ee_pos"] == episode(0)["steps"]["ee_pos"]
         assert episode(lossless)["env_steps"] == episode(0)["env_steps"]
     assert summaries[4]["retrieval_fraction"] == 1.0  # retrieval SD everywhere

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from heisd.kinematics import (KinematicConfig, KinematicStats, KinematicSwitch, calibrate_threshold,
+from heisd.kinematics import (CostAwareSwitch, KinematicConfig, KinematicStats, KinematicSwitch, calibrate_threshold,
                               curvature_radius, fused_metric, path_length)
 
 CONFIG = KinematicConfig(alpha=0.5, window=15, r_cap=1.0, threshold=0.5)
@@ -186,3 +186,58 @@ def test_refinement_reaches_the_geometric_fit() -> None:
     clean = 0.1 * np.stack([np.cos(t), np.sin(t)], axis=1) + np.array([0.3, -0.2])
     center = _refine_center(clean, np.array([0.32, -0.17]), 300)
     np.testing.assert_allclose(center, [0.3, -0.2], atol=1e-6)
+
+
+# ----- cost-aware switch -----
+def _frames(n: int = 8) -> dict:
+    """Calibration frames: F from 0 to 1; retrieval drafts pay off on fast motion (high F) only,
+    the drafter gives 2 tokens per forward everywhere."""
+    f = np.linspace(0.0, 1.0, 40)
+    return {"F": f.tolist(), "tpf_retrieval": np.where(f >= 0.5, float(n), 1.0).tolist(),
+            "tpf_drafter": [2.0] * 40, "prefill_skipped": [False] * 40}
+
+
+def _step(mode_forwards: int, prefill: float, verify_each: float, draft: float):
+    from heisd.decoding import DecodeResult, Timing
+
+    timing = Timing(prefill_ms=prefill, draft_ms=draft, verify_ms=verify_each * max(mode_forwards - 1, 0))
+    return DecodeResult([0] * 8, mode_forwards, [], 0, 0, timing)
+
+
+@pytest.mark.parametrize("drafter_pass_ms, slow_motion_mode", [(0.2, "drafter"), (30.0, "retrieval")])
+def test_cost_switch_sends_slow_motion_where_it_is_cheaper(stats, drafter_pass_ms, slow_motion_mode) -> None:
+    """GPU-like costs (a drafter pass is cheap next to a target pass): slow motion goes to the drafter;
+    CPU-like costs (a drafter pass costs more than the pass it saves): retrieval everywhere."""
+    switch = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8)
+    assert switch.decide(0.9)[0] == "retrieval"  # nothing measured yet: try retrieval first ...
+    switch.observe("retrieval", 0.9, _step(1, prefill=10.0, verify_each=10.0, draft=0.3))
+    assert switch.decide(0.9)[0] == "drafter"  # ... then the drafter, whose pieces are unmeasured
+    switch.observe("drafter", 0.1, _step(4, prefill=10.0, verify_each=10.0, draft=3 * drafter_pass_ms))
+    switch.observe("retrieval", 0.1, _step(8, prefill=10.0, verify_each=10.0, draft=0.3))
+    assert switch.decide(0.9)[0] == "retrieval"  # fast motion: one pass
+    mode, expected = switch.decide(0.1)
+    assert mode == slow_motion_mode
+    # the formula, by hand: drafter at F=0.1: 4 passes (n / tpf) = prefill + 3 verifies + 3 drafter passes
+    assert expected["drafter"] == pytest.approx(10.0 + 3 * 10.0 + 3 * drafter_pass_ms)
+    assert expected["retrieval"] == pytest.approx(10.0 + 7 * 10.0 + 0.3, rel=0.1)
+
+
+def test_cost_switch_learns_the_passes_it_observes(stats) -> None:
+    switch = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8)
+    for mode in ("retrieval", "drafter"):
+        switch.observe(mode, 0.2, _step(2, prefill=10.0, verify_each=10.0, draft=1.0))
+    before = switch.expected_ms("retrieval", 0.1)
+    for _ in range(64):  # retrieval turns out to need one verify pass at slow motion too
+        switch.observe("retrieval", 0.1, _step(2, prefill=10.0, verify_each=10.0, draft=1.0))
+    after = switch.expected_ms("retrieval", 0.1)
+    assert after == pytest.approx(10.0 + 10.0 + 1.0) and after < before
+    assert switch.expected_ms("retrieval", None) is not None  # before the window fills: pooled over bins
+
+
+def test_cost_switch_counts_prefill_skips_as_no_target_pass(stats) -> None:
+    frames = {**_frames(), "prefill_skipped": [True] * 40}
+    switch = CostAwareSwitch(CONFIG, stats, frames, n_tokens=8)
+    switch.observe("retrieval", 0.9, _step(0, prefill=0.0, verify_each=0.0, draft=0.5))
+    switch.observe("drafter", 0.9, _step(2, prefill=10.0, verify_each=10.0, draft=1.0))
+    assert switch.expected_ms("retrieval", 0.9) == pytest.approx(0.5)  # the query only: no prefill, no verify
+    assert switch.decide(0.9)[0] == "retrieval" and switch.expected_ms("drafter", 0.9) > 10.0

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if episodes < 1:
         raise SystemExit("--episodes must be >= 1")
     base = method_config(args, "heisd")
-    configs = ladder(base) + [replace(base, switch_threshold=t) for t in args.thresholds]
+    configs = ladder(base) + [replace(base, switch="threshold", switch_threshold=t) for t in args.thresholds]
     vla = load_target(args)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps)
     out = Path(args.out)

@@ -122,6 +122,7 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], method, precision: fl
     }
     frames = {key: np.round(values.astype(np.float64), 5).tolist() for key, values in
               {**m, "tpf_retrieval": tpf_r}.items()}
+    frames["prefill_skipped"] = pre_skipped.tolist()  # no target pass at all on these frames
     frames["F"] = [None if not np.isfinite(f) else f for f in frames["F"]]  # JSON has no NaN
     frames["frame"] = where  # [demo file, episode, step] of each row: the numbers can be re-measured
     datastore.update_extras({EXTRAS_KEY: skip, PREFILL_SKIP_KEY: prefill, HYBRID_KEY: hybrid, FRAMES_KEY: frames})

@@ -51,8 +51,11 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
     p.add_argument("--lossless", "--metric-only", dest="lossless", action="store_true",
                    help="exact acceptance and no skips in every mode: the same tokens as AR (retrieval, heisd); "
                         "for heisd also the paper's first ablation rung, 'metric only'")
+    p.add_argument("--switch", default=default_of(MethodConfig, "switch"), choices=["cost", "threshold"],
+                   help="heisd: per step, the mode with the lower expected latency from measured per-piece costs "
+                        "(cost) or the paper's fixed boundary on the kinematic metric F (threshold)")
     p.add_argument("--switch-threshold", type=float, default=None,
-                   help="heisd: kinematic F threshold (default: the calibrated one stored with the datastore)")
+                   help="heisd --switch threshold: F boundary (default: the calibrated one stored with the datastore)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
 
@@ -69,7 +72,7 @@ def method_config(args: argparse.Namespace, method: str | None = None, **overrid
     )
     optional = dict(relaxed_r="relaxed_r", verify_skip="no_verify_skip", prefill_skip="no_prefill_skip",
                     gripper_guard="no_gripper_guard",
-                    switch_threshold="switch_threshold", lossless="lossless")
+                    switch="switch", switch_threshold="switch_threshold", lossless="lossless")
     for field, flag in optional.items():  # flags only the method-running commands have
         if hasattr(args, flag):
             value = getattr(args, flag)

@@ -1,8 +1,9 @@
 """Kinematic fused metric and the retrieval/drafter hybrid switch (DESIGN 2.4)."""
 
+from heisd.kinematics.cost import CostAwareSwitch, CostSwitchConfig
 from heisd.kinematics.metric import (KinematicConfig, KinematicStats, TrajectoryTracker,
                                      curvature_radius, fused_metric, path_length)
 from heisd.kinematics.switch import KinematicSwitch, Mode, calibrate_threshold
 
-__all__ = ["KinematicConfig", "KinematicStats", "KinematicSwitch", "Mode", "TrajectoryTracker",
+__all__ = ["CostAwareSwitch", "CostSwitchConfig", "KinematicConfig", "KinematicStats", "KinematicSwitch", "Mode", "TrajectoryTracker",
            "calibrate_threshold", "curvature_radius", "fused_metric", "path_length"]

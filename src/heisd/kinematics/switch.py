@@ -33,6 +33,13 @@ class KinematicSwitch:
         metric = tracker.fused()
         return self.decide(metric), metric
 
+    def expected_ms(self, mode: Mode, metric: float | None) -> float | None:
+        """The fixed-boundary rule predicts no latency (`CostAwareSwitch` does)."""
+        return None
+
+    def observe(self, mode: Mode, metric: float | None, result) -> None:
+        """Nothing to learn: the boundary is fixed."""
+
 
 def calibrate_threshold(metrics: np.ndarray, tpf_retrieval: np.ndarray, tpf_drafter: np.ndarray,
                         n_candidates: int = 101) -> float:

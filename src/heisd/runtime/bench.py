@@ -1,8 +1,9 @@
 """`heisd bench`: every method on identical seeds in one run, the table and the plots.
 
-The ablation ladder of the paper (DESIGN 2.5) is three configurations of `heisd`:
-metric only (kinematic switch, retrieval drafts checked exactly, never skipped) ->
-+ verify-skip -> + group acceptance (= the paper's full HeiSD); then ours: + prefill skip.
+The ablation ladder of the paper (DESIGN 2.5) is three configurations of `heisd` with its
+fixed-threshold switch: metric only (retrieval drafts checked exactly, never skipped) ->
++ verify-skip -> + group acceptance (= the paper's full HeiSD); then ours: + prefill skip,
+and the cost-aware switch, lossless and with every mechanism.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
     """All methods and the ablation rungs, from one set of resources and settings."""
     plain = replace(base, verify_skip=True, group_acceptance=True, prefill_skip=True, lossless=False)
     configs = [replace(plain, method=m) for m in ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval")]
+    paper = replace(plain, method="heisd", switch="threshold")
     configs += [
-        replace(plain, method="heisd", lossless=True),  # the paper's "metric only" rung
-        replace(plain, method="heisd", group_acceptance=False, prefill_skip=False),
-        replace(plain, method="heisd", prefill_skip=False),  # the paper's full HeiSD
-        replace(plain, method="heisd"),  # + prefill skip (ours)
+        replace(paper, lossless=True),  # the paper's "metric only" rung
+        replace(paper, group_acceptance=False, prefill_skip=False),  # + verify-skip
+        replace(paper, prefill_skip=False),  # + group acceptance: the paper's full HeiSD
+        replace(paper),  # + prefill skip (ours)
+        replace(plain, method="heisd", lossless=True),  # ours, lossless: cost-aware switch, AR's tokens
+        replace(plain, method="heisd"),  # ours: cost-aware switch, every mechanism
     ]
     return configs
 

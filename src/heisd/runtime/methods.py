@@ -52,7 +52,10 @@ class MethodConfig:
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
     prefill_skip: bool = True  # ours: skip the target altogether on a close image key (retrieval mode)
     group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
-    switch_threshold: float | None = None  # heisd: override the calibrated kinematic threshold
+    # heisd: "cost" picks the mode with the lower expected latency from measured costs (ours);
+    # "threshold" is the paper's fixed boundary on the kinematic metric F
+    switch: str = "cost"
+    switch_threshold: float | None = None  # heisd threshold switch: override the calibrated F threshold
     # exact acceptance and no skips in every mode: the tokens are AR's, bit for bit. For heisd it is
     # also the paper's first ablation rung ("metric only": the switch with plain retrieval drafts)
     lossless: bool = False
@@ -68,6 +71,8 @@ class MethodConfig:
             raise ValueError(f"retrieval_fallback must be 'drafter' or 'ar', got {self.retrieval_fallback!r}")
         if self.retrieval_fallback == "drafter" and self.method in ("retrieval", "heisd") and not self.drafter:
             raise ValueError("--retrieval-fallback drafter needs a drafter (--drafter DIR)")
+        if self.switch not in ("cost", "threshold"):
+            raise ValueError(f"switch must be 'cost' or 'threshold', got {self.switch!r}")
         if self.lossless and self.method == "specvla-relaxed":
             raise ValueError("--lossless contradicts specvla-relaxed (use specvla: exact acceptance)")
         if self.relaxed_r < 0:
@@ -95,8 +100,12 @@ class MethodConfig:
                 parts.append("no-continuation")
             if self.retrieval_fallback == "drafter":
                 parts.append("drafter-fallback")
+        if self.method == "heisd" and self.switch == "threshold":
+            parts.append("threshold")
         label = "+".join(parts)
-        return f"{label}@{self.switch_threshold:g}" if self.method == "heisd" and self.switch_threshold is not None else label
+        if self.method == "heisd" and self.switch == "threshold" and self.switch_threshold is not None:
+            return f"{label}@{self.switch_threshold:g}"
+        return label
 
 
 @dataclass
@@ -118,7 +127,7 @@ def build_decoders(cfg: MethodConfig, vla, datastore=None) -> Decoders:
     by_mode, retrieval = mode_decoders(cfg, vla, datastore)
     if cfg.method != "heisd":
         return Decoders(by_mode, None, retrieval)
-    return Decoders(by_mode, _switch(cfg, retrieval.datastore), retrieval)
+    return Decoders(by_mode, _switch(cfg, retrieval.datastore, vla.config.n_action_tokens), retrieval)
 
 
 def mode_decoders(cfg: MethodConfig, vla, datastore=None) -> tuple[dict, object | None]:
@@ -177,17 +186,23 @@ def _retrieval_proposer(cfg: MethodConfig, vla, datastore, fallback, vocab):
     return RetrievalProposer(datastore, rcfg, fallback, vocab=vocab, verify_skip=skip, prefill_skip=early), rule
 
 
-def _switch(cfg: MethodConfig, datastore):
-    from heisd.kinematics import KinematicConfig, KinematicStats, KinematicSwitch
+def _switch(cfg: MethodConfig, datastore, n_tokens: int):
+    from heisd.kinematics import CostAwareSwitch, KinematicConfig, KinematicStats, KinematicSwitch
 
     extras = datastore.extras
     if "kinematic_stats" not in extras:
         raise ValueError(f"datastore {cfg.datastore} has no kinematic statistics (rebuild it with build-datastore)")
+    kcfg = KinematicConfig(**extras.get("kinematic_config", {}))
+    stats = KinematicStats.from_dict(extras["kinematic_stats"])
+    if cfg.switch == "cost":
+        if "calibration_frames" not in extras:
+            raise ValueError(f"datastore {cfg.datastore} is not calibrated: run `heisd calibrate` "
+                             "(or use --switch threshold with --switch-threshold)")
+        return CostAwareSwitch(kcfg, stats, extras["calibration_frames"], n_tokens)
     threshold = cfg.switch_threshold
     if threshold is None:
         if "hybrid" not in extras:
             raise ValueError(f"datastore {cfg.datastore} has no calibrated switch threshold: run `heisd calibrate` "
                              "or pass --switch-threshold")
         threshold = float(extras["hybrid"]["threshold"])
-    kcfg = KinematicConfig(**{**extras.get("kinematic_config", {}), "threshold": threshold})
-    return KinematicSwitch(kcfg, KinematicStats.from_dict(extras["kinematic_stats"]))
+    return KinematicSwitch(dataclasses.replace(kcfg, threshold=threshold), stats)

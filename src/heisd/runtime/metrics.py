@@ -19,6 +19,8 @@ def episode_steps(records: list[StepRecord]) -> dict:
         "skipped": [r.skipped for r in records],
         "mode": [r.mode for r in records],
         "metric": [None if r.metric is None else round(r.metric, 5) for r in records],
+        "decode_ms": [round(r.decode_ms, 4) for r in records],
+        "expected_ms": [None if r.expected_ms is None else round(r.expected_ms, 4) for r in records],
     }
 
 
@@ -41,7 +43,21 @@ def decoding_metrics(step_lists: list[dict]) -> dict:
         "skip_rate": float(pooled("skipped").mean()),  # any skip: verify-skip or prefill skip
         "prefill_skip_rate": float((pooled("target_forwards") == 0).mean()),  # the target did not run
         "retrieval_fraction": float(np.mean(np.concatenate([np.asarray(s["mode"]) for s in step_lists]) == "retrieval")),
+        "switch": switch_metrics(step_lists),
     }
+
+
+def switch_metrics(step_lists: list[dict]) -> dict:
+    """How often each mode ran and, where the switch predicted the decode time, how well:
+    the median of |expected - actual| / actual over those steps."""
+    modes = [m for s in step_lists for m in s["mode"]]
+    pairs = [(e, a) for s in step_lists for e, a in zip(s.get("expected_ms", []), s.get("decode_ms", []))
+             if e is not None and a > 0]
+    out: dict = {"modes": {m: modes.count(m) for m in sorted(set(modes))}}
+    if pairs:
+        out["predicted_steps"] = len(pairs)
+        out["median_relative_error"] = float(np.median([abs(e - a) / a for e, a in pairs]))
+    return out
 
 
 def summarize(method: str, benchmark: str, episodes: list[dict]) -> dict:

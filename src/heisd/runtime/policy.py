@@ -27,6 +27,8 @@ class StepRecord:
     mode: str  # "retrieval" or "drafter" (ar/specvla run in drafter mode)
     metric: float | None  # kinematic F of this step (heisd), None before w positions
     deviation: int  # summed bin deviation of accepted drafts from the target's greedy tokens
+    decode_ms: float = 0.0  # the decode loop's own time (prefill + draft + verify + bookkeeping)
+    expected_ms: float | None = None  # the switch's prediction of decode_ms (cost-aware switch only)
 
 
 @dataclass
@@ -71,6 +73,8 @@ class VLAPolicy:
         t0 = time.perf_counter()
         path = np.asarray(ee_path if ee_path is not None else state[:3], dtype=np.float64).reshape(-1, 3)
         mode, metric = self._mode(path)
+        switch = self.decoders.switch
+        expected = switch.expected_ms(mode, metric) if switch is not None else None
         images = torch.from_numpy(np.ascontiguousarray(image))[None]
         prefix, key = self.vla.encode_observation(images, self._prompt, torch.from_numpy(state)[None])
         # proposers may read the previous action (Jacobi's warm start, the skips' gripper guard)
@@ -78,6 +82,8 @@ class VLAPolicy:
         t1 = time.perf_counter()
         result = self.decoders.by_mode[mode].decode(prefix, context)
         self._previous = list(result.tokens)
+        if switch is not None:
+            switch.observe(mode, metric, result)
         cfg = self.vla.config
         actions = self.vla.action_tokenizer.decode(np.asarray(result.tokens).reshape(cfg.chunk, cfg.action_dim))
         t2 = time.perf_counter()
@@ -97,6 +103,7 @@ class VLAPolicy:
             tokens=list(result.tokens), latency_ms=(t2 - t0) * 1e3, breakdown_ms=breakdown,
             target_forwards=result.target_forwards, acceptance_length=result.acceptance_length,
             skipped=result.skipped_tokens > 0, mode=mode, metric=metric, deviation=result.deviation,
+            decode_ms=timing.prefill_ms + timing.draft_ms + timing.verify_ms + timing.other_ms, expected_ms=expected,
         )
         return actions, record
 

@@ -1,0 +1,149 @@
+"""Cost-aware hybrid switch (ours, DESIGN 2.4 and 9): per control step, the mode with the
+lowest expected decoding latency on the hardware at hand.
+
+Expected latency of a mode at kinematic metric F:
+
+    P(target runs | F) * prefill + (E[target passes | F] - P(target runs | F)) * verify[mode]
+      + proposal cost[mode] * (drafter: per verify pass; retrieval: once per step)
+
+- E[target passes | F] (the prefill included; 0 when a prefill skip fires) and P(target runs | F)
+  come per F bin (quantiles of the calibration frames' F), seeded with `heisd calibrate`'s
+  per-frame numbers and then replaced by what the steps in that bin actually did (a moving
+  window of the latest `window` steps).
+- The per-piece costs (prefill; one verify pass of each mode's trees, whose sizes differ; one
+  drafter proposal; one retrieval step's query + trees) are moving medians of what this process measures, so the same rule sends slow
+  motions to the drafter on a GPU, where a drafter pass costs a fraction of a target pass, and
+  keeps them on retrieval on a CPU, where it does not.
+- A mode whose proposal cost was never measured is tried first (it cannot be compared
+  without it); before the kinematic window fills, all frames' estimates are pooled.
+
+Every decision records what it expected, so reports can show how good the predictions were.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
+from heisd.kinematics.switch import Mode
+
+MODES: tuple[Mode, Mode] = ("retrieval", "drafter")
+
+
+@dataclass(frozen=True)
+class CostSwitchConfig:
+    bins: int = 4  # F bins (quantiles of the calibration frames' F)
+    window: int = 64  # steps per (mode, bin) and per piece that the estimates average over
+
+
+@dataclass
+class _Window:
+    values: deque = field(default_factory=deque)
+
+    def add(self, value: float, maxlen: int) -> None:
+        self.values.append(float(value))
+        while len(self.values) > maxlen:
+            self.values.popleft()
+
+    def mean(self) -> float | None:
+        return float(np.mean(self.values)) if self.values else None
+
+    def median(self) -> float | None:
+        return float(np.median(self.values)) if self.values else None
+
+
+class CostAwareSwitch:
+    """Same interface as `KinematicSwitch` (`make_tracker`, `mode`), plus `observe` after each step."""
+
+    def __init__(self, kin_config: KinematicConfig, kin_stats: KinematicStats, frames: dict[str, list],
+                 n_tokens: int, config: CostSwitchConfig | None = None) -> None:
+        kin_stats.check(kin_config)
+        self.kin_config, self.kin_stats = kin_config, kin_stats
+        self.config, self.n_tokens = config or CostSwitchConfig(), n_tokens
+        f = np.array([np.nan if x is None else x for x in frames["F"]], dtype=np.float64)
+        if not np.isfinite(f).any():
+            raise ValueError("the calibration frames hold no kinematic metric: rerun `heisd calibrate`")
+        inner = np.linspace(0.0, 1.0, self.config.bins + 1)[1:-1]
+        self.edges = np.quantile(f[np.isfinite(f)], inner)  # bin b: edges[b-1] <= F < edges[b]
+        self._passes = {(m, b): _Window() for m in MODES for b in range(self.config.bins)}
+        self._runs = {(m, b): _Window() for m in MODES for b in range(self.config.bins)}
+        self._pieces = {name: _Window() for name in ("prefill", "verify:retrieval", "verify:drafter",
+                                                        "propose:retrieval", "propose:drafter")}
+        for mode, passes in seed_passes(frames, n_tokens).items():
+            for fi, p in zip(f, passes):
+                if np.isfinite(fi):
+                    self._record(mode, self._bin(fi), p)
+
+    # ----- the KinematicSwitch interface -----
+    def make_tracker(self, delta_scale: float | None = None) -> TrajectoryTracker:
+        return TrajectoryTracker(self.kin_config, self.kin_stats, delta_scale)
+
+    def mode(self, tracker: TrajectoryTracker) -> tuple[Mode, float | None]:
+        if (tracker.config, tracker.stats) != (self.kin_config, self.kin_stats):
+            raise ValueError("tracker was built with another config or stats (use make_tracker)")
+        metric = tracker.fused()
+        return self.decide(metric)[0], metric
+
+    # ----- the rule -----
+    def decide(self, metric: float | None) -> tuple[Mode, dict[str, float | None]]:
+        """The cheaper mode at F = `metric` (None: window not full) and both expectations (ms)."""
+        expected = {m: self.expected_ms(m, metric) for m in MODES}
+        untried = [m for m in MODES if expected[m] is None]
+        if untried:
+            return untried[0], expected
+        return min(MODES, key=lambda m: (expected[m], MODES.index(m))), expected
+
+    def expected_ms(self, mode: Mode, metric: float | None) -> float | None:
+        """Expected decoding latency of `mode`; None while a piece it needs was never measured."""
+        bins = range(self.config.bins) if metric is None else [self._bin(metric)]
+        passes = _pooled([self._passes[(mode, b)] for b in bins])
+        runs = _pooled([self._runs[(mode, b)] for b in bins])
+        prefill, verify = self._pieces["prefill"].median(), self._pieces[f"verify:{mode}"].median()
+        proposal = self._pieces[f"propose:{mode}"].median()
+        verifies = max(passes - runs, 0.0)
+        if None in (passes, runs, prefill, proposal) or (verify is None and verifies > 0):
+            return None
+        proposals = verifies if mode == "drafter" else 1.0  # a drafter pass per verify; one query per step
+        return runs * prefill + verifies * (verify or 0.0) + proposals * proposal
+
+    def observe(self, mode: Mode, metric: float | None, result: Any) -> None:
+        """Learn from a decoded step (`DecodeResult`): its passes and its measured pieces."""
+        t, forwards = result.timing, result.target_forwards
+        if metric is not None:
+            self._record(mode, self._bin(metric), forwards)
+        maxlen, pieces = self.config.window, self._pieces
+        if forwards > 0:
+            pieces["prefill"].add(t.prefill_ms, maxlen)
+        if forwards > 1:
+            pieces[f"verify:{mode}"].add(t.verify_ms / (forwards - 1), maxlen)
+            if mode == "drafter":
+                pieces["propose:drafter"].add(t.draft_ms / (forwards - 1), maxlen)
+        if mode == "retrieval":
+            pieces["propose:retrieval"].add(t.draft_ms, maxlen)
+
+    def _record(self, mode: Mode, b: int, passes: float) -> None:
+        self._passes[(mode, b)].add(passes, self.config.window)
+        self._runs[(mode, b)].add(float(passes > 0), self.config.window)
+
+    def _bin(self, metric: float) -> int:
+        return int(np.searchsorted(self.edges, metric, side="right"))
+
+
+def _pooled(windows: list[_Window]) -> float | None:
+    values = [v for w in windows for v in w.values]
+    return float(np.mean(values)) if values else None
+
+
+def seed_passes(frames: dict[str, list], n_tokens: int) -> dict[Mode, np.ndarray]:
+    """Target passes per calibration frame and mode, as the methods run them: retrieval 0 when
+    the prefill skip fires, else n / tokens-per-forward (a verify-skip is 1); drafter n / tpf."""
+    tpf_r = np.asarray(frames["tpf_retrieval"], dtype=np.float64)
+    tpf_d = np.asarray(frames["tpf_drafter"], dtype=np.float64)
+    retrieval = n_tokens / tpf_r
+    if "prefill_skipped" in frames:
+        retrieval = np.where(np.asarray(frames["prefill_skipped"], dtype=bool), 0.0, retrieval)
+    return {"retrieval": retrieval, "drafter": n_tokens / tpf_d}
