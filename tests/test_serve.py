@@ -227,6 +227,8 @@ def test_malformed_requests_get_their_status(server):
         response = post(server.url, payload)
         assert response.status_code == status, (message, response.text)
         assert message in response.json()["error"], response.json()
+    chunked = requests.post(f"{server.url}/act", data=iter([b"x" * (100 << 10)] * 3))  # no Content-Length
+    assert chunked.status_code == 413 and "exceeds 262144" in chunked.json()["error"]
     assert post(server.url, {"episode_id": "x", "success": 1}, "/end").status_code == 422
     assert post(server.url, _image_payload(ok)).status_code == 200  # the server is fine afterwards
 
@@ -268,7 +270,13 @@ def test_an_internal_fault_is_500_and_the_server_keeps_serving(built):
 
 def test_healthz_info_metrics(built, server):
     vla, tmp = built
-    assert requests.get(f"{server.url}/healthz").json() == {"status": "ok"}
+    session = requests.Session()
+    times = []
+    for _ in range(7):  # one kept-alive connection: without TCP_NODELAY each reply waits ~40 ms for an ACK
+        t0 = time.perf_counter()
+        assert session.get(f"{server.url}/healthz").json() == {"status": "ok"}
+        times.append(time.perf_counter() - t0)
+    assert np.median(times) < 0.025
     info = PolicyClient(server.url).info()
     assert info["target"]["fingerprint"] == vla.fingerprint() and info["target"]["action_shape"] == [2, 4]
     assert info["method"] == "heisd@0.3" and info["datastore"]["path"] == str(tmp / "datastore")
@@ -321,6 +329,24 @@ def test_client_survives_a_server_restart(built):
         thread.join()
         for s in later:
             s.stop()
+
+
+def test_loadtest_command(built, server, tmp_path):
+    """`heisd loadtest` against the served tiny target: every request answered, every served
+    step equal to the in-process one, the report written."""
+    from heisd.cli import main
+
+    _, tmp = built
+    out = tmp_path / "load.json"
+    # 2 clients: at most 1 running + 1 waiting, within the test server's queue of 2
+    assert main(["loadtest", "--server", server.url, "--demos", str(tmp / "demos.hdf5"), "--clients", "2",
+                 "--requests", "4", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["method"] == "heisd@0.3"
+    one, many = report["one_client"], report["concurrent"]
+    assert one["requests"] == 4 and one["mismatched"] == 0
+    assert many["requests_sent"] == many["ok"] == 8 and many["errors"] == {} and many["mismatched"] == 0
+    assert many["throughput_rps"] > 0 and many["rtt_ms"]["p99"] >= many["rtt_ms"]["p50"] > 0
 
 
 # ----- the closed loop -----

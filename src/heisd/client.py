@@ -20,14 +20,16 @@ import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import json_numpy
 import numpy as np
-import requests
-from requests.adapters import HTTPAdapter
+import urllib3
 from urllib3.util import Retry
 
 from heisd.serving.wire import STEP_HEADER
+
+JSON = {"Content-Type": "application/json"}
 
 
 class ServerUnreachable(ConnectionError):
@@ -51,12 +53,14 @@ class PolicyClient:
     def __init__(self, url: str, timeout: float = 60.0, connect_retries: int = 10, backoff_s: float = 0.1):
         """`connect_retries`: attempts to reach a server that refuses connections (e.g. restarting),
         waiting `backoff_s`, 2x, 4x, ... (at most 2 s) between them. Only refused connections are
-        retried: a request that may have reached the server is never sent twice."""
-        self.url, self.timeout = url.rstrip("/"), timeout
-        self.http = requests.Session()
+        retried: a request that may have reached the server is never sent twice.
+
+        urllib3 directly (one kept-alive connection): a `requests` session costs ~1 ms more per call."""
+        self.url = url.rstrip("/")
+        self._path = urlsplit(self.url).path
         retry = Retry(total=connect_retries, connect=connect_retries, read=0, redirect=0, status=0, other=0,
                       backoff_factor=backoff_s, backoff_max=2.0)
-        self.http.mount("http://", HTTPAdapter(max_retries=retry))
+        self.pool = urllib3.connection_from_url(self.url, timeout=timeout, retries=retry)
 
     def act(self, image: np.ndarray, instruction: str, *, proprio: np.ndarray | None = None,
             ee_pos: np.ndarray | None = None, episode_id: str | None = None, reset: bool = False,
@@ -64,38 +68,37 @@ class PolicyClient:
         fields = {"image": np.ascontiguousarray(image), "instruction": instruction, "proprio": proprio,
                   "ee_pos": None if ee_pos is None else np.asarray(ee_pos), "episode_id": episode_id,
                   "reset": reset, "task": task, "unnorm_key": unnorm_key}
-        body = json_numpy.dumps({k: v for k, v in fields.items() if v is not None})
-        response = self._send("POST", "/act", data=body, headers={"Content-Type": "application/json"})
-        return Step(json_numpy.loads(response.content), json.loads(response.headers[STEP_HEADER]),
+        response = self._send("POST", "/act", json_numpy.dumps({k: v for k, v in fields.items() if v is not None}))
+        return Step(json_numpy.loads(response.data), json.loads(response.headers[STEP_HEADER]),
                     _server_timing(response.headers.get("Server-Timing", "")))
 
     def end(self, episode_id: str, success: bool | None) -> dict:
         """Close an episode; `success` (None: unknown, e.g. aborted) feeds the adaptive skips."""
-        return self._send("POST", "/end", json={"episode_id": episode_id, "success": success}).json()
+        return json.loads(self._send("POST", "/end", json.dumps({"episode_id": episode_id, "success": success})).data)
 
     def info(self) -> dict:
-        return self._send("GET", "/info").json()
+        return json.loads(self._send("GET", "/info").data)
 
     def healthy(self) -> bool:
         try:
-            return self._send("GET", "/healthz").status_code == 200
+            return self._send("GET", "/healthz").status == 200
         except (ServerUnreachable, ServerError):
             return False
 
     def close(self) -> None:
-        self.http.close()
+        self.pool.close()
 
-    def _send(self, method: str, path: str, **kwargs) -> requests.Response:
+    def _send(self, method: str, path: str, body: str | None = None) -> urllib3.BaseHTTPResponse:
         try:
-            response = self.http.request(method, f"{self.url}{path}", timeout=self.timeout, **kwargs)
-        except requests.ConnectionError as err:
-            raise ServerUnreachable(f"cannot reach heisd serve at {self.url} ({err})") from err
-        if response.status_code != 200:
+            response = self.pool.request(method, self._path + path, body=body, headers=JSON if body else None)
+        except urllib3.exceptions.HTTPError as err:  # refused past the retries, reset, timed out
+            raise ServerUnreachable(f"no answer from heisd serve at {self.url} ({err})") from err
+        if response.status != 200:
             try:
-                message = response.json()["error"]
+                message = json.loads(response.data)["error"]
             except (ValueError, KeyError, TypeError):
-                message = response.text[:200]
-            raise ServerError(response.status_code, message)
+                message = response.data[:200].decode(errors="replace")
+            raise ServerError(response.status, message)
         return response
 
 

@@ -45,7 +45,8 @@ def _info(vla, method, policy, facts: TargetFacts, config: ServeConfig, target_p
     datastore = None if retrieval is None else {"path": method.datastore, "entries": len(retrieval.datastore)}
     return {
         "target": {"path": target_path, "fingerprint": vla.fingerprint(),
-                   "action_shape": [vla.config.chunk, vla.config.action_dim], "state_dim": facts.state_dim},
+                   "action_shape": [vla.config.chunk, vla.config.action_dim], "state_dim": facts.state_dim,
+                   "torch_threads": torch.get_num_threads()},
         "method": method.label,
         "method_config": asdict(method),
         "datastore": datastore,
@@ -61,7 +62,9 @@ def listen(host: str, port: int) -> socket.socket:
     """A bound, listening socket (port 0: any free one). Bound before uvicorn starts, so the port is
     known at once and early clients wait in the backlog instead of being refused."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and
+    # without it every reply on a kept-alive connection waits ~40 ms for a delayed ACK (Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted server takes its port back
     try:
         sock.bind((host, port))
