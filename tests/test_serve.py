@@ -251,12 +251,14 @@ def test_a_full_queue_answers_503(server):
 
 
 def test_an_internal_fault_is_500_and_the_server_keeps_serving(built):
-    """The datastore disappears under a running server: the next episode that needs a new policy
-    fails with 500 and the cause; episodes already open go on."""
+    """The drafter checkpoint disappears under a running server: the next episode that needs a
+    new policy fails with 500 and the cause; episodes already open go on."""
     vla, tmp = built
-    shutil.copytree(tmp / "datastore", tmp / "doomed")
+    shutil.copytree(tmp / "drafter", tmp / "doomed")
     image, state, path = observations(5, 1, 0.0)[0]
-    with serve(vla, heisd_method(tmp, "doomed")) as s:
+    method = MethodConfig("heisd", drafter=str(tmp / "doomed"), datastore=str(tmp / "datastore"),
+                          switch_threshold=0.3)
+    with serve(vla, method) as s:
         client = PolicyClient(s.url)
         client.act(image, REACH, proprio=state, ee_pos=path, episode_id="first", reset=True)
         shutil.rmtree(tmp / "doomed")

@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-size", type=int, default=ServeConfig.queue_size,
                    help="requests waiting for the model worker; one more is answered 503")
     p.add_argument("--max-sessions", type=int, default=SessionLimits.max_sessions,
-                   help="episodes open at once (each holds its own decoders); one more is answered 503")
+                   help="episodes open at once (each holds its own decoder state); one more is answered 503")
     p.add_argument("--session-timeout", type=float, default=SessionLimits.idle_timeout_s,
                    help="seconds after which an idle episode is closed")
     p.add_argument("--max-body-mb", type=float, default=ServeConfig.max_body_bytes / 2**20,

@@ -18,15 +18,18 @@ def make_service(vla, method, config: ServeConfig, target_path: str, benchmark: 
     """A service for `vla` decoded with `method` (a MethodConfig), and its /info document.
 
     One policy is built here, so a wrong drafter or datastore fails at start-up, not at the
-    first request; it becomes the first pooled policy."""
+    first request; it becomes the first pooled policy. Later policies share its datastore (one
+    index in memory, queried only by the model worker)."""
     from heisd.benchmarks.mw import TASKS
     from heisd.runtime.methods import build_decoders
     from heisd.runtime.policy import VLAPolicy
 
-    def make_policy() -> VLAPolicy:
-        return VLAPolicy(vla, build_decoders(method, vla))
+    first = VLAPolicy(vla, build_decoders(method, vla))
+    datastore = None if first.decoders.retrieval is None else first.decoders.retrieval.datastore
 
-    first = make_policy()
+    def make_policy() -> VLAPolicy:
+        return VLAPolicy(vla, build_decoders(method, vla, datastore))
+
     # the target's one set of action statistics is the benchmark's
     facts = TargetFacts(vla.config.state_dim, (benchmark,), {name: t.instruction for name, t in TASKS.items()})
     service = PolicyService(make_policy, facts, config)

@@ -1,5 +1,5 @@
 """Episodes as sessions: each open `episode_id` owns one `VLAPolicy`, i.e. its own prompt,
-kinematic window and proposer state; the model weights are shared by all of them.
+kinematic window and proposer state; the model weights and the datastore are shared by all of them.
 
 Policies are pooled. An ended (or expired) episode's policy goes back to the pool and the next
 episode `reset()`s it, which by `VLAPolicy`'s contract forgets every per-episode state: this is
