@@ -25,6 +25,8 @@ COMMANDS = {
     "demo": "demo",
     "tiny-openvla": "tiny_openvla",
     "profile": "profile",
+    "serve": "serve",
+    "loadtest": "loadtest",
 }
 
 

@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=300, help="environment steps per episode")
     p.add_argument("--execute", type=int, default=0, help="actions executed per inference (0 = whole chunk)")
     p.add_argument("--out", required=True, help="output directory (an interrupted run resumes from it)")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="run the policy on a `heisd serve` at URL (its target and method flags apply, "
+                        "not the local ones); latency_ms is then the server's step time")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,9 +33,18 @@ def run(args: argparse.Namespace) -> int:
     tasks = resolve_tasks(args.tasks)
     if args.episodes < 1:
         raise SystemExit("--episodes must be >= 1")
-    cfg = method_config(args)
-    policy = load_policy(args, cfg)
-    summary = evaluate(policy, cfg.label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute),
+    if args.server:
+        from heisd.client import PolicyClient, RemotePolicy, ServerUnreachable
+
+        client = PolicyClient(args.server)
+        try:
+            policy, label = RemotePolicy(client), client.info()["method"]
+        except ServerUnreachable as err:
+            raise SystemExit(f"--server: {err}") from None
+    else:
+        cfg = method_config(args)
+        policy, label = load_policy(args, cfg), cfg.label
+    summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute),
                        Path(args.out))
     print(json.dumps(summary, indent=2))
     return 0

@@ -1,0 +1,62 @@
+"""`heisd serve`: the policy behind HTTP, for robots and OpenVLA deploy.py-style clients."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Serve a policy over HTTP: OpenVLA-compatible POST /act with HeiSD episodes, /info, /metrics."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from heisd.commands.common import add_method_arguments
+    from heisd.serving.service import ServeConfig
+    from heisd.serving.sessions import SessionLimits
+    from heisd.serving.wire import WireLimits
+
+    add_method_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the URL is printed)")
+    p.add_argument("--queue-size", type=int, default=ServeConfig.queue_size,
+                   help="requests waiting for the model worker; one more is answered 503")
+    p.add_argument("--max-sessions", type=int, default=SessionLimits.max_sessions,
+                   help="episodes open at once (each holds its own decoder state); one more is answered 503")
+    p.add_argument("--session-timeout", type=float, default=SessionLimits.idle_timeout_s,
+                   help="seconds after which an idle episode is closed")
+    p.add_argument("--max-body-mb", type=float, default=ServeConfig.max_body_bytes / 2**20,
+                   help="request body limit in MiB (413 above)")
+    p.add_argument("--max-image-side", type=int, default=WireLimits.max_image_side,
+                   help="largest image side in pixels (413 above)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="uvicorn log level (info logs every request)")
+
+
+def serve_config(args: argparse.Namespace):
+    from heisd.serving.service import ServeConfig
+    from heisd.serving.sessions import SessionLimits
+    from heisd.serving.wire import WireLimits
+
+    if args.queue_size < 1 or args.max_body_mb <= 0 or args.max_image_side < 1:
+        raise SystemExit("--queue-size, --max-body-mb and --max-image-side must be positive")
+    try:
+        sessions = SessionLimits(args.max_sessions, args.session_timeout)
+    except ValueError:
+        raise SystemExit("--max-sessions and --session-timeout must be positive") from None
+    return ServeConfig(queue_size=args.queue_size, max_body_bytes=int(args.max_body_mb * 2**20),
+                       wire=WireLimits(max_image_side=args.max_image_side), sessions=sessions)
+
+
+def run(args: argparse.Namespace) -> int:
+    from heisd.commands.common import load_target, method_config
+    from heisd.serving.launch import listen, make_service, url_of, uvicorn_server
+
+    config = serve_config(args)
+    method = method_config(args)
+    service, info = make_service(load_target(args), method, config, args.target, args.benchmark)
+    sock = listen(args.host, args.port)
+    # one line a supervisor (or `heisd loadtest`) can read the URL from
+    print(f"heisd serve: {method.label} on {url_of(sock)}", flush=True)
+    try:
+        uvicorn_server(service, info, args.log_level).run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,2 @@
+"""`heisd serve`: a policy server (FastAPI + uvicorn) with episodes as sessions, one model worker
+and a bounded queue. `heisd.client` is the robot side."""

@@ -1,0 +1,109 @@
+"""Putting a server together: the target and method -> a service, its /info, a listening socket,
+and a uvicorn server (run in the foreground by `heisd serve`, in a thread by the tests)."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import threading
+from dataclasses import asdict
+
+import uvicorn
+
+from heisd.serving.app import create_app
+from heisd.serving.service import PolicyService, ServeConfig, TargetFacts
+
+
+def make_service(vla, method, config: ServeConfig, target_path: str, benchmark: str = "mw") -> tuple[PolicyService, dict]:
+    """A service for `vla` decoded with `method` (a MethodConfig), and its /info document.
+
+    One policy is built here, so a wrong drafter or datastore fails at start-up, not at the
+    first request; it becomes the first pooled policy. Later policies share its datastore (one
+    index in memory, queried only by the model worker)."""
+    from heisd.benchmarks.mw import TASKS
+    from heisd.runtime.methods import build_decoders
+    from heisd.runtime.policy import VLAPolicy
+
+    first = VLAPolicy(vla, build_decoders(method, vla))
+    datastore = None if first.decoders.retrieval is None else first.decoders.retrieval.datastore
+
+    def make_policy() -> VLAPolicy:
+        return VLAPolicy(vla, build_decoders(method, vla, datastore))
+
+    # the target's one set of action statistics is the benchmark's
+    facts = TargetFacts(vla.config.state_dim, (benchmark,), {name: t.instruction for name, t in TASKS.items()})
+    service = PolicyService(make_policy, facts, config)
+    service.sessions.give_back(first)
+    return service, _info(vla, method, first, facts, config, target_path)
+
+
+def _info(vla, method, policy, facts: TargetFacts, config: ServeConfig, target_path: str) -> dict:
+    import fastapi
+    import numpy
+    import torch
+
+    import heisd
+
+    retrieval = policy.decoders.retrieval
+    datastore = None if retrieval is None else {"path": method.datastore, "entries": len(retrieval.datastore)}
+    return {
+        "target": {"path": target_path, "fingerprint": vla.fingerprint(),
+                   "action_shape": [vla.config.chunk, vla.config.action_dim], "state_dim": facts.state_dim,
+                   "torch_threads": torch.get_num_threads()},
+        "method": method.label,
+        "method_config": asdict(method),
+        "datastore": datastore,
+        "unnorm_keys": list(facts.unnorm_keys),
+        "tasks": facts.tasks,
+        "limits": asdict(config),
+        "versions": {"heisd": heisd.__version__, "python": platform.python_version(), "torch": torch.__version__,
+                     "numpy": numpy.__version__, "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__},
+    }
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket (port 0: any free one). Bound before uvicorn starts, so the port is
+    known at once and early clients wait in the backlog instead of being refused."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and
+    # without it every reply on a kept-alive connection waits ~40 ms for a delayed ACK (Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted server takes its port back
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise SystemExit(f"--host {host} --port {port}: cannot listen there ({err.strerror})") from None
+    sock.listen(2048)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def uvicorn_server(service: PolicyService, info: dict, log_level: str = "warning") -> uvicorn.Server:
+    return uvicorn.Server(uvicorn.Config(create_app(service, info), log_level=log_level, access_log=False))
+
+
+class ServerThread:
+    """A uvicorn server on its own thread of this process, e.g. inside a test or a notebook."""
+
+    def __init__(self, service: PolicyService, info: dict, host: str = "127.0.0.1", port: int = 0):
+        self.service, self.sock = service, listen(host, port)
+        self.url = url_of(self.sock)
+        self.server = uvicorn_server(service, info)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "ServerThread":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
