@@ -82,7 +82,8 @@ def test_kinematic_window_counts_env_steps(resources):
     from heisd.runtime.policy import VLAPolicy
 
     vla, tmp = resources
-    cfg = MethodConfig("heisd", drafter=str(tmp / "drafter"), datastore=str(tmp / "datastore"), switch_threshold=0.3)
+    cfg = MethodConfig("heisd", drafter=str(tmp / "drafter"), datastore=str(tmp / "datastore"), switch="threshold",
+                       switch_threshold=0.3)
     policy = VLAPolicy(vla, build_decoders(cfg, vla))
     policy.reset("reach the red target with the gripper", "reach-v3")
     image, state = np.zeros((16, 16, 3), np.uint8), np.zeros(7, np.float32)

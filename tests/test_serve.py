@@ -43,7 +43,8 @@ def built(tmp_path_factory):
 
 
 def heisd_method(tmp, datastore: str = "datastore") -> MethodConfig:
-    return MethodConfig("heisd", drafter=str(tmp / "drafter"), datastore=str(tmp / datastore), switch_threshold=0.3)
+    return MethodConfig("heisd", drafter=str(tmp / "drafter"), datastore=str(tmp / datastore),
+                       switch="threshold", switch_threshold=0.3)  # deterministic: the cost switch reacts to timing
 
 
 def serve(vla, method: MethodConfig, config: ServeConfig = CONFIG, target: str = "vla") -> ServerThread:
@@ -81,7 +82,7 @@ def post(url: str, payload, path: str = "/act") -> requests.Response:
 def comparable(record) -> dict:
     """A step record without its wall-clock numbers."""
     d = asdict(record) if not isinstance(record, dict) else dict(record)
-    return {k: v for k, v in d.items() if k not in ("latency_ms", "breakdown_ms")}
+    return {k: v for k, v in d.items() if k not in ("latency_ms", "breakdown_ms", "decode_ms", "expected_ms")}
 
 
 # ----- the OpenVLA deploy.py wire format -----
@@ -257,7 +258,7 @@ def test_an_internal_fault_is_500_and_the_server_keeps_serving(built):
     shutil.copytree(tmp / "drafter", tmp / "doomed")
     image, state, path = observations(5, 1, 0.0)[0]
     method = MethodConfig("heisd", drafter=str(tmp / "doomed"), datastore=str(tmp / "datastore"),
-                          switch_threshold=0.3)
+                          switch="threshold", switch_threshold=0.3)
     with serve(vla, method) as s:
         client = PolicyClient(s.url)
         client.act(image, REACH, proprio=state, ee_pos=path, episode_id="first", reset=True)
@@ -281,7 +282,7 @@ def test_healthz_info_metrics(built, server):
     assert np.median(times) < 0.025
     info = PolicyClient(server.url).info()
     assert info["target"]["fingerprint"] == vla.fingerprint() and info["target"]["action_shape"] == [2, 4]
-    assert info["method"] == "heisd@0.3" and info["datastore"]["path"] == str(tmp / "datastore")
+    assert info["method"] == "heisd+threshold@0.3" and info["datastore"]["path"] == str(tmp / "datastore")
     assert info["versions"]["heisd"] and info["limits"]["queue_size"] == 2
 
     def scrape() -> dict[str, float]:
@@ -344,7 +345,7 @@ def test_loadtest_command(built, server, tmp_path):
     assert main(["loadtest", "--server", server.url, "--demos", str(tmp / "demos.hdf5"), "--clients", "2",
                  "--requests", "4", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["method"] == "heisd@0.3"
+    assert report["method"] == "heisd+threshold@0.3"
     one, many = report["one_client"], report["concurrent"]
     assert one["requests"] == 4 and one["mismatched"] == 0
     assert many["requests_sent"] == many["ok"] == 8 and many["errors"] == {} and many["mismatched"] == 0
@@ -369,7 +370,8 @@ def test_eval_through_the_server_equals_in_process(built):
              for name in ("local", "served")}
     for a, b in zip(lines["local"], lines["served"], strict=True):
         for line in (a, b):
-            del line["steps"]["latency_ms"], line["steps"]["breakdown_ms"]
+            for timing in ("latency_ms", "breakdown_ms", "decode_ms", "expected_ms"):
+                del line["steps"][timing]
         assert a == b
     assert local["sr"] == served["sr"] and local["episodes"] == served["episodes"] == 2
     assert json.loads((tmp / "ds_local" / "manifest.json").read_text())["extras"] == \
