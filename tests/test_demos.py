@@ -100,3 +100,38 @@ def test_not_hdf5_and_missing(tmp_path):
         DemoFile(tmp_path / "x.hdf5")
     with pytest.raises(DemoFormatError, match="no such demonstration file"):
         DemoFile(tmp_path / "nope.hdf5")
+
+
+def test_target_rollouts_keep_every_episode_and_feed_a_datastore(tmp_path):
+    """`demos --policy DIR` records the target's own closed-loop episodes (failed ones too, tagged
+    "target"); build-datastore keeps them whole and fits the kinematic statistics on the expert's."""
+    from helpers import tiny_vla
+
+    from heisd.data.demos import DemoConfig, generate_demos
+    from heisd.retrieval import build_datastore, open_datastore
+
+    vla = tiny_vla()
+    vla.save_pretrained(tmp_path / "vla")
+    cfg = DemoConfig(("reach-v3",), episodes=2, seed=3, image_size=32, max_steps=6, policy=str(tmp_path / "vla"))
+    result = generate_demos(cfg, tmp_path / "rollouts.hdf5", progress=False)
+    assert result["kept"] == 2 and result["dropped"] == {}  # a random target fails: kept anyway
+    with DemoFile(tmp_path / "rollouts.hdf5") as f:
+        assert f.attrs["source"] == "target" and [ep.success for ep in f] == [False, False]
+        assert all(len(ep) == 6 for ep in f)
+    expert = DemoConfig(("reach-v3",), episodes=1, seed=0, image_size=32)
+    generate_demos(expert, tmp_path / "expert.hdf5", progress=False)
+    summary = build_datastore(vla, [tmp_path / "expert.hdf5", tmp_path / "rollouts.hdf5"], tmp_path / "store")
+    assert [s["source"] for s in summary["sources"]] == ["expert", "target"]
+    assert summary["sources"][1]["episodes"] == [1, 3] and summary["sources"][1]["frames"] == 12
+    store = open_datastore(tmp_path / "store", vla)
+    assert len(store.episode) == summary["sources"][0]["frames"] + 12
+    with pytest.raises(Exception, match="expert demonstrations"):
+        build_datastore(vla, [tmp_path / "rollouts.hdf5"], tmp_path / "store2")
+
+
+def test_demo_seeds_stay_clear_of_evaluation_layouts():
+    from heisd.data.demos import DemoConfig
+    from heisd.runtime.evaluation import EVAL_SEED_OFFSET
+
+    with pytest.raises(ValueError, match="evaluation layouts"):
+        DemoConfig(("reach-v3",), episodes=1, seed=EVAL_SEED_OFFSET)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "Generate scripted-expert demonstrations (successful episodes only) as HDF5."
+HELP = ("Record demonstrations as HDF5: scripted experts (successful episodes only), or the target's own "
+        "closed-loop rollouts (--policy DIR, every episode) for a self-datastore.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int, default=128, help="square camera image size in pixels")
     p.add_argument("--camera", default="corner3", help="Meta-World camera name")
     p.add_argument("--max-steps", type=int, default=300, help="episode step limit")
+    p.add_argument("--policy", default="expert",
+                   help="who acts: 'expert' (scripted) or a target checkpoint directory (its own AR rollouts, "
+                        "kept whether they succeed or not: a datastore drafts the target's own tokens)")
     p.add_argument("--workers", type=int, default=1, help="parallel simulator processes")
     p.add_argument("--out", required=True, help="output .hdf5 file (written atomically)")
 
@@ -30,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--episodes must be >= 1")
     if args.noise < 0:
         raise SystemExit("--noise must be >= 0")
-    cfg = DemoConfig(tasks, args.episodes, args.seed, args.noise, args.image_size, args.camera, args.max_steps)
+    cfg = DemoConfig(tasks, args.episodes, args.seed, args.noise, args.image_size, args.camera, args.max_steps,
+                     args.policy)
     r = generate_demos(cfg, args.out, workers=args.workers)
     dropped = sum(r["dropped"].values())
     print(f"wrote {r['kept']} episodes ({r['steps']} steps) to {args.out} in {r['seconds']:.0f} s "

@@ -1,12 +1,19 @@
-"""Scripted-expert demonstrations for the `mw` benchmark, written in the LIBERO/robomimic layout.
+"""Demonstrations for the `mw` benchmark, written in the LIBERO/robomimic layout.
 
-Optional DART-style noise: the executed action is the expert's plus Gaussian noise on xyz,
-but the recorded label is the clean expert action. The demonstrations then cover the states
-a slightly-off policy visits, which is what closed-loop behaviour cloning needs.
+Scripted experts (the default), with optional DART-style noise: the executed action is the
+expert's plus Gaussian noise on xyz, but the recorded label is the clean expert action. The
+demonstrations then cover the states a slightly-off policy visits, which is what closed-loop
+behaviour cloning needs.
+
+Or the target's own closed-loop rollouts (`DemoConfig.policy` = a checkpoint directory, AR
+decoding; ours, DESIGN 9): every episode is kept, failed ones too, since a datastore drafts
+the target's own tokens, which are right wherever the target goes. Their layouts must stay
+disjoint from the evaluation layouts: seeds from EVAL_SEED_OFFSET on are refused.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -28,6 +35,19 @@ class DemoConfig:
     image_size: int = 128
     camera: str = "corner3"
     max_steps: int = 300
+    policy: str = "expert"  # "expert" (scripted), or a target checkpoint directory: its own AR rollouts
+
+    def __post_init__(self) -> None:
+        from heisd.runtime.evaluation import EVAL_SEED_OFFSET
+
+        if not 0 <= self.seed < EVAL_SEED_OFFSET:
+            raise ValueError(f"--seed must be in [0, {EVAL_SEED_OFFSET}): seeds from {EVAL_SEED_OFFSET} on "
+                             "make the evaluation layouts")
+
+    @property
+    def source(self) -> str:
+        """Who acted: "expert" or "target" (the file records it; build-datastore reads it)."""
+        return "expert" if self.policy == "expert" else "target"
 
 
 def episode_seed(seed: int, task: str, episode: int) -> int:
@@ -37,17 +57,26 @@ def episode_seed(seed: int, task: str, episode: int) -> int:
 
 
 def rollout_expert(task: str, episode: int, cfg: DemoConfig) -> dict:
+    """One episode of `cfg.policy`: the scripted expert, or the target (AR, the whole chunk executed)."""
     from heisd.benchmarks.mw import MetaWorldEnv, MWConfig, expert_policy
 
     env = MetaWorldEnv(task, MWConfig(cfg.image_size, cfg.camera, cfg.max_steps))
-    policy = expert_policy(task)
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})
+    if cfg.source == "expert":
+        expert = expert_policy(task)
+        act = lambda obs, info: [np.clip(expert.get_action(info["sim_obs"]), -1, 1)]  # noqa: E731
+    else:
+        policy = _target_policy(cfg.policy)
+        policy.reset(env.instruction, task)
+        act = lambda obs, info: policy.act(obs["image"], obs["state"])[0]  # noqa: E731
     frames = {"actions": [], "images": [], "ee_pos": [], "gripper": [], "goal_pos": []}
-    success = False
-    while True:
-        action = np.clip(policy.get_action(info["sim_obs"]), -1, 1).astype(np.float32)
+    success, truncated, todo = False, False, []
+    while not (success or truncated):
+        if not todo:
+            todo = [np.asarray(a, dtype=np.float32) for a in act(obs, info)]
+        action = todo.pop(0)
         frames["actions"].append(action)
         frames["images"].append(obs["image"])
         frames["ee_pos"].append(obs["state"][:3])
@@ -57,15 +86,29 @@ def rollout_expert(task: str, episode: int, cfg: DemoConfig) -> dict:
         if cfg.noise > 0:
             executed[:3] += rng.normal(0, cfg.noise, 3).astype(np.float32)
         obs, _, success, truncated, info = env.step(executed)
-        if success or truncated:
-            break
     out = {k: np.stack(v) for k, v in frames.items()}
     out.update(task=task, instruction=env.instruction, success=success, layout=env.layout)
     return out
 
 
+@functools.cache
+def _target_policy(directory: str):
+    """The target with AR decoding, loaded once per process."""
+    import torch
+
+    from heisd.runtime.methods import MethodConfig, build_decoders
+    from heisd.runtime.policy import VLAPolicy
+    from heisd.vla import VLA
+
+    torch.set_num_threads(1)  # one simulator + one model per process
+    vla = VLA.from_pretrained(directory)
+    vla.eval()
+    return VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
+
+
 def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True) -> dict:
-    """Roll out the experts and write the successful episodes to `out` (atomically)."""
+    """Roll out `cfg.policy` and write the episodes to `out` (atomically): the successful ones of
+    an expert, every one of the target's."""
     from tqdm import tqdm
 
     from heisd.benchmarks.mw import check_task
@@ -84,6 +127,7 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
     with h5py.File(tmp, "w") as h5:
         data = h5.create_group("data")
         data.attrs["benchmark"] = "mw"
+        data.attrs["source"] = cfg.source
         data.attrs["env_args"] = json.dumps(asdict(cfg))
         data.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         data.attrs["heisd_version"] = __version__
@@ -93,7 +137,7 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
         try:
             results = pool.imap(_episode_job, jobs) if pool else map(_episode_job, jobs)
             for ep in results:
-                kept, steps = _write(data, ep, kept, steps, dropped)
+                kept, steps = _write(data, ep, kept, steps, dropped, keep_failed=cfg.source == "target")
                 bar.update(1)
         finally:
             if pool:
@@ -110,12 +154,13 @@ def _episode_job(args: tuple[str, int, DemoConfig]) -> dict:
     return rollout_expert(task, i, cfg)
 
 
-def _write(data, ep: dict, kept: int, steps: int, dropped: dict) -> tuple[int, int]:
-    if not ep["success"]:
+def _write(data, ep: dict, kept: int, steps: int, dropped: dict, keep_failed: bool) -> tuple[int, int]:
+    if not ep["success"] and not keep_failed:
         dropped[ep["task"]] = dropped.get(ep["task"], 0) + 1
         return kept, steps
     g = data.create_group(f"demo_{kept}")
-    g.attrs.update(task=ep["task"], instruction=ep["instruction"], success=True, num_samples=len(ep["actions"]))
+    g.attrs.update(task=ep["task"], instruction=ep["instruction"], success=bool(ep["success"]),
+                   num_samples=len(ep["actions"]))
     g.attrs["layout"] = ep["layout"]
     g.create_dataset("actions", data=ep["actions"])
     h, w = ep["images"].shape[1:3]

@@ -80,7 +80,10 @@ def demo_tokens(vla: VLA, actions: np.ndarray, n_sequences: int) -> np.ndarray:
 def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
                     config: BuildConfig | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Encode every frame of every successful episode and write the datastore; returns a summary.
-    Failed demonstrations are left out: their actions would be drafted as if they were right."""
+    Failed expert demonstrations are left out: their actions would be drafted as if they were
+    right. The target's own rollouts (`heisd demos --policy DIR`) are kept whole, failures too:
+    the drafts are the target's own tokens, right for the target wherever it went (ours). The
+    kinematic statistics come from the expert's episodes only (the metric's reference motion)."""
     config = config or BuildConfig()
     vla.eval()
     n_tokens, hidden_dim = vla.config.n_action_tokens, vla.config.hidden_size
@@ -88,6 +91,8 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
                              n_sequences=config.n_sequences, target_fingerprint=vla.fingerprint(),
                              index_config=IndexConfig(kind=config.index))
     trajectories, episodes, dropped, start = [], 0, 0, time.perf_counter()
+    # per file: who acted and its entries' episode ids [first, end): an entry's source is its episode's
+    sources: list[dict[str, Any]] = []
     total = 0
     for path in demos:  # episode count up front, for the progress bar
         with DemoFile(path) as f:
@@ -95,9 +100,12 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
     with tqdm(total=total, unit="episode", desc="build-datastore") as bar:
         for path in demos:
             with DemoFile(path) as f:
+                source = f.attrs.get("source", "expert")
+                tally = {"path": str(path), "source": source, "episodes": [episodes, episodes], "frames": 0}
+                sources.append(tally)
                 for ep in f:
                     bar.update(1)
-                    if not ep.success:
+                    if not ep.success and source != "target":
                         dropped += 1
                         continue
                     demo = demo_tokens(vla, ep.actions, config.n_sequences)
@@ -107,14 +115,18 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
                         writer.add(keys=enc.keys, tokens=demo[lo:hi], own_tokens=enc.own_tokens,
                                    hidden=enc.hidden, ee_pos=ep.ee_pos[lo:hi], episode=episodes,
                                    step=np.arange(lo, hi), task=ep.task)
-                    trajectories.append(ep.ee_pos)
+                    if source != "target":
+                        trajectories.append(ep.ee_pos)
                     episodes += 1
+                    tally["episodes"][1], tally["frames"] = episodes, tally["frames"] + len(ep)
                     bar.set_postfix(frames=len(writer))
     if not episodes:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in demos]}")
     seconds = time.perf_counter() - start
     kinematic = KinematicConfig()
-    summary = {"demos": [str(p) for p in demos], "episodes": episodes, "dropped_failed": dropped,
+    if not trajectories:
+        raise DemoFormatError("the kinematic statistics need expert demonstrations beside the target's rollouts")
+    summary = {"demos": [str(p) for p in demos], "episodes": episodes, "dropped_failed": dropped, "sources": sources,
                "frames": len(writer), "seconds": round(seconds, 2),
                "frames_per_s": round(len(writer) / seconds, 1), "threads": torch.get_num_threads(),
                **asdict(config)}
