@@ -13,6 +13,8 @@ skip); the prefill-skip theta the same over the top-1 key similarity, every fram
 check on the whole action (no free first token before a prefill); threshold =
 `calibrate_threshold` over frames with F (the switch uses the drafter before w positions
 exist). Both, and the numbers behind them, go into the manifest's extras.
+Held-out frames are an expert's successful episodes, or the target's own closed-loop rollouts
+(`heisd demos --policy DIR`, every episode): the states the policy really visits (ours).
 The decoders are the method's own (`runtime.methods.mode_decoders`, from the same flags as
 eval): retrieval mode with its acceptance rule, drafter mode with exact acceptance.
 """
@@ -147,9 +149,10 @@ def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> tuple[d
     rule = retrieval.acceptance  # skipped drafts must pass the rule the method accepts with
     k = cfg.k
     lengths = []
-    for path in demos:  # pass 1: which frames exist (successful episodes only)
+    for path in demos:  # pass 1: which frames exist: an expert's successful episodes, every target rollout
         with DemoFile(path) as f:
-            lengths += [(path, ep.name, len(ep)) for ep in f if ep.success]
+            rollouts = f.attrs.get("source") == "target"  # closed-loop calibration on the target's own states
+            lengths += [(path, ep.name, len(ep)) for ep in f if ep.success or rollouts]
     if not lengths:
         raise ValueError(f"no successful held-out episodes in {[str(p) for p in demos]}")
     all_frames = [(e, t) for e, (_, _, length) in enumerate(lengths) for t in range(length)]
