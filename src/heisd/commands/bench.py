@@ -17,6 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=300, help="environment steps per episode")
     p.add_argument("--thresholds", type=float, nargs="*", default=[],
                    help="extra heisd runs at these kinematic thresholds (points on the Pareto plot)")
+    p.add_argument("--only", nargs="+", default=None, metavar="LABEL",
+                   help="run only these configurations of the ladder, by report label (AR always runs: "
+                        "speedups are ratios to it), e.g. --only retrieval heisd")
     p.add_argument("--quick", action="store_true",
                    help="preset: 3 tasks, 2 episodes each, 150 steps (under ~10 minutes on 2 CPU cores)")
     p.add_argument("--out", required=True, help="output directory (each method's eval resumes from it)")
@@ -42,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--episodes must be >= 1")
     base = method_config(args, "heisd")
     configs = ladder(base) + [replace(base, switch="threshold", switch_threshold=t) for t in args.thresholds]
+    if args.only:
+        labels = [c.label for c in configs]
+        unknown = sorted(set(args.only) - set(labels))
+        if unknown:
+            raise SystemExit(f"--only: no configuration labelled {', '.join(unknown)}; the labels are {', '.join(labels)}")
+        configs = [c for c in configs if c.method == "ar" or c.label in args.only]
     vla = load_target(args)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps)
     out = Path(args.out)
