@@ -25,6 +25,7 @@ COMMANDS = {
     "demo": "demo",
     "tiny-openvla": "tiny_openvla",
     "profile": "profile",
+    "project": "project",
     "serve": "serve",
     "loadtest": "loadtest",
 }

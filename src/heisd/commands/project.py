@@ -1,0 +1,36 @@
+"""`heisd project`: a bench run's per-step statistics times a device's profiled per-piece costs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = ("Project a bench run's latencies and speedups onto the device of a `heisd profile` JSON "
+        "(labelled a projection; compare with the run's measured numbers on the machine that ran it).")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bench", type=Path, required=True, help="a `heisd bench --out` directory (bench.json + episodes)")
+    p.add_argument("--profile", type=Path, required=True,
+                   help="a `heisd profile` JSON of the target (with --drafter and --datastore for those pieces)")
+    p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from heisd.profiling.projection import format_projection, project_bench
+
+    if not (args.bench / "bench.json").is_file():
+        raise SystemExit(f"--bench {args.bench}: no bench.json there (the output folder of `heisd bench`)")
+    try:
+        profile = json.loads(args.profile.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"--profile {args.profile}: not a readable profile JSON ({e})") from e
+    try:
+        rows = project_bench(args.bench, profile)
+    except (KeyError, ValueError) as e:
+        raise SystemExit(f"heisd project: {e}") from e
+    print(format_projection(rows, profile))
+    if args.out is not None:
+        args.out.write_text(json.dumps({"projection": True, "profile": str(args.profile), "rows": rows}, indent=2))
+    return 0
