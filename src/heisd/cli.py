@@ -3,6 +3,11 @@
 Each command module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
 Modules are imported only when their subcommand runs, so `heisd --help` stays fast and
 optional heavy dependencies load lazily.
+
+Errors: a `HeisdError` (bad flag, input or output) or an `OSError` (disk full, permission
+denied) prints one line and exits 1 (2 for usage errors, as argparse does); anything else is a
+bug and keeps its traceback. `--debug` or HEISD_DEBUG=1 prints the traceback of every error.
+Ctrl-C and SIGTERM stop cleanly (temporaries removed, locks released), exit 130 / 143.
 """
 
 from __future__ import annotations
@@ -10,7 +15,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
+import traceback
+
+DEBUG_HELP = "print the full traceback of an error (also: HEISD_DEBUG=1)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, not the whole usage block; exit 2 as argparse does."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 # subcommand name -> module under heisd.commands (names fixed by DESIGN.md section 5)
 COMMANDS = {
@@ -43,10 +59,11 @@ def _available() -> dict[str, str]:
 def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, str]]:
     """The parser with the flags of `command` only (building a command's flags may import
     torch), so `heisd --help` stays fast."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="heisd",
         description="Hybrid speculative decoding for vision-language-action models.",
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     available = _available()
     for name, module in available.items():
@@ -57,20 +74,46 @@ def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, d
         )
         if name == command:
             mod.add_arguments(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser, available
 
 
 def main(argv: list[str] | None = None) -> int:
+    from heisd.errors import HeisdError
+    from heisd.flags import check_args
+    from heisd.storage import raise_on_sigterm
+
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser, available = build_parser(command)
     args = parser.parse_args(argv)
-    mod = importlib.import_module(f"heisd.commands.{available[args.command]}")
+    debug = args.debug or os.environ.get("HEISD_DEBUG", "") not in ("", "0")
+    prog = f"heisd {args.command}"
     try:
-        return mod.run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        with raise_on_sigterm():
+            check_args(_subparser(parser, args.command), args)
+            mod = importlib.import_module(f"heisd.commands.{available[args.command]}")
+            return mod.run(args)
+    except KeyboardInterrupt as err:
+        code = 128 + getattr(err, "signum", 2)  # SIGINT 2 (KeyboardInterrupt) or SIGTERM 15
+        print(f"{prog}: interrupted; finished outputs are kept, unfinished ones removed", file=sys.stderr)
+        return code
+    except (HeisdError, OSError) as err:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror and err.filename:
+        return f"{err.filename}: {err.strerror}"
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 if __name__ == "__main__":

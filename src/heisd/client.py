@@ -27,6 +27,7 @@ import numpy as np
 import urllib3
 from urllib3.util import Retry
 
+from heisd.errors import HeisdError
 from heisd.serving.wire import STEP_HEADER
 
 JSON = {"Content-Type": "application/json"}
@@ -36,7 +37,7 @@ class ServerUnreachable(ConnectionError):
     pass
 
 
-class ServerError(RuntimeError):
+class ServerError(HeisdError, RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")
         self.status, self.message = status, message
@@ -142,3 +143,7 @@ class RemotePolicy:
         if self._episode is not None and not self._fresh:
             self.client.end(self._episode, success)
         self._episode = None
+
+    def skip_thresholds(self) -> list:
+        """None here: the adaptive skips live on the server."""
+        return []

@@ -22,6 +22,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco
 import gymnasium as gym
 import numpy as np
 
+from heisd.errors import UsageError
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -57,7 +59,7 @@ class MWConfig:
 
 def check_task(task: str) -> TaskSpec:
     if task not in TASKS:
-        raise ValueError(f"unknown mw task {task!r}; known tasks: {', '.join(TASKS)}")
+        raise UsageError(f"unknown mw task {task!r}; known tasks: {', '.join(TASKS)}")
     return TASKS[task]
 
 

@@ -22,7 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "speedups are ratios to it), e.g. --only retrieval heisd")
     p.add_argument("--quick", action="store_true",
                    help="preset: 3 tasks, 2 episodes each, 150 steps (under ~10 minutes on 2 CPU cores)")
-    p.add_argument("--out", required=True, help="output directory (each method's eval resumes from it)")
+    p.add_argument("--out", required=True,
+                   help="output directory (each method's eval resumes from it; other settings are refused)")
+    p.add_argument("--persist-thresholds", action="store_true",
+                   help="after the last episode, merge the full heisd run's online-adapted skip thresholds into "
+                        "the datastore's manifest (by default they stay in --out and the datastore is only read)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,8 +45,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         tasks = resolve_tasks(args.tasks)
         episodes, max_steps = args.episodes, args.max_steps
-    if episodes < 1:
-        raise SystemExit("--episodes must be >= 1")
     base = method_config(args, "heisd")
     configs = ladder(base) + [replace(base, switch="threshold", switch_threshold=t) for t in args.thresholds]
     if args.only:
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     vla = load_target(args)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps)
     out = Path(args.out)
-    summaries = run_bench(vla, configs, cfg, out)
+    summaries = run_bench(vla, configs, cfg, out, persist=ladder(base)[-1] if args.persist_thresholds else None,
+                          target_path=args.target)
     report = write_report(summaries, out, "heisd " + shlex.join(sys.argv[1:]), cfg)
     print(report_table(summaries))
     print(f"report: {report}")

@@ -16,7 +16,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--index", choices=["auto", "flat", "hnsw"], default="auto",
                    help="FAISS index per collection (auto: flat when small, HNSW when large)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing datastore at --out")
+    p.add_argument("--skip-invalid-episodes", action="store_true",
+                   help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing datastore at --out (never a directory heisd did not make)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,13 +28,12 @@ def run(args: argparse.Namespace) -> int:
     from heisd.retrieval.build import BuildConfig, build_datastore
     from heisd.vla import VLA
 
-    if args.batch_size < 1:
-        raise SystemExit("--batch-size must be >= 1")
     torch.set_num_threads(args.threads)
     vla = VLA.from_pretrained(args.target)
     summary = build_datastore(vla, args.demos, args.out, BuildConfig(args.batch_size, index=args.index),
-                              overwrite=args.overwrite)
+                              overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes)
     print(f"wrote {summary['frames']} entries from {summary['episodes']} episodes to {args.out} "
           f"in {summary['seconds']:.0f} s ({summary['frames_per_s']:.0f} frames/s, {args.threads} threads); "
-          f"dropped {summary['dropped_failed']} failed episodes")
+          f"dropped {summary['dropped_failed']} failed episodes"
+          + (f" and {summary['dropped_invalid']} invalid ones" if summary["dropped_invalid"] else ""))
     return 0

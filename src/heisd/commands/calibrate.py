@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from heisd.errors import InputError
+
 HELP = "Calibrate verify-skip theta and the hybrid kinematic threshold on held-out demonstrations."
 HYBRID_KEY = "hybrid"  # extras: the calibrated F threshold and its numbers
 FRAMES_KEY = "calibration_frames"  # extras: per-frame numbers behind both
@@ -47,6 +49,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Checks first; then the whole calibration holds the datastore's lock (the one writer)."""
+    from heisd.retrieval.build import check_held_out
+    from heisd.storage import directory_lock
+
+    check_held_out(args.datastore, args.demos)
+    with directory_lock(args.datastore, "heisd calibrate", create=False):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import faiss
     import torch
 
@@ -54,8 +66,6 @@ def run(args: argparse.Namespace) -> int:
     from heisd.retrieval.build import open_datastore
     from heisd.vla import VLA
 
-    if args.frames < 1 or not 0 < args.precision <= 1:
-        raise SystemExit("--frames must be >= 1 and --precision in (0, 1]")
     # heisd's decoders when a drafter is given (drafter mode as the method runs it), else
     # retrieval's (drafter mode taken as AR); skips off: calibration measures verified decoding
     method = method_config(args, "heisd" if args.drafter else "retrieval", verify_skip=False, prefill_skip=False)
@@ -97,7 +107,7 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], method, precision: fl
     tpf_d = m["tpf_drafter"]
     has_f = np.isfinite(m["F"])
     if not has_f.any():
-        raise ValueError("no held-out frame has the kinematic window; use longer episodes")
+        raise InputError("no held-out frame has the kinematic window; use longer episodes")
     threshold = calibrate_threshold(m["F"][has_f], tpf_r[has_f], tpf_d[has_f])
     use_r = m["F"][has_f] >= threshold
     skip = {
@@ -154,7 +164,7 @@ def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> tuple[d
             rollouts = f.attrs.get("source") == "target"  # closed-loop calibration on the target's own states
             lengths += [(path, ep.name, len(ep)) for ep in f if ep.success or rollouts]
     if not lengths:
-        raise ValueError(f"no successful held-out episodes in {[str(p) for p in demos]}")
+        raise InputError(f"no successful held-out episodes in {[str(p) for p in demos]}")
     all_frames = [(e, t) for e, (_, _, length) in enumerate(lengths) for t in range(length)]
     rng = np.random.default_rng(seed)
     picked = sorted(rng.choice(len(all_frames), min(n_frames, len(all_frames)), replace=False))

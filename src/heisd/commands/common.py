@@ -61,6 +61,15 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
 
 def method_config(args: argparse.Namespace, method: str | None = None, **overrides):
     """The MethodConfig the flags describe (`overrides` for what a command fixes itself)."""
+    from heisd.errors import UsageError
+
+    try:
+        return _method_config(args, method, **overrides)
+    except ValueError as err:  # a method without its resources: the messages name the flags
+        raise UsageError(str(err)) from err
+
+
+def _method_config(args: argparse.Namespace, method: str | None = None, **overrides):
     from heisd.runtime.methods import MethodConfig
 
     given = dict(

@@ -19,10 +19,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.cli import main as heisd
+    from heisd.errors import InputError
 
     for path in (args.target, args.drafter):
         if not Path(path, "config.json").is_file():
-            raise SystemExit(f"{path}: no checkpoint there (see checkpoints/README.md for how it is made)")
+            raise InputError(f"{path}: no checkpoint there (see checkpoints/README.md for how it is made)")
     work = Path(args.work)
     demos, heldout, store = work / "demos.hdf5", work / "heldout.hdf5", work / "datastore"
     steps = []

@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "kept whether they succeed or not: a datastore drafts the target's own tokens)")
     p.add_argument("--workers", type=int, default=1, help="parallel simulator processes")
     p.add_argument("--out", required=True, help="output .hdf5 file (written atomically)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing demonstration file at --out (never a file heisd did not make)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,13 +32,9 @@ def run(args: argparse.Namespace) -> int:
     from heisd.data.demos import DemoConfig, generate_demos
 
     tasks = resolve_tasks(args.tasks)
-    if args.episodes < 1:
-        raise SystemExit("--episodes must be >= 1")
-    if args.noise < 0:
-        raise SystemExit("--noise must be >= 0")
     cfg = DemoConfig(tasks, args.episodes, args.seed, args.noise, args.image_size, args.camera, args.max_steps,
                      args.policy)
-    r = generate_demos(cfg, args.out, workers=args.workers)
+    r = generate_demos(cfg, args.out, workers=args.workers, overwrite=args.overwrite)
     dropped = sum(r["dropped"].values())
     print(f"wrote {r['kept']} episodes ({r['steps']} steps) to {args.out} in {r['seconds']:.0f} s "
           f"({r['steps_per_s']:.1f} steps/s); dropped {dropped} failed episodes {r['dropped'] or ''}")

@@ -17,10 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="evaluation layout seed (layouts differ from any demo seed)")
     p.add_argument("--max-steps", type=int, default=300, help="environment steps per episode")
     p.add_argument("--execute", type=int, default=0, help="actions executed per inference (0 = whole chunk)")
-    p.add_argument("--out", required=True, help="output directory (an interrupted run resumes from it)")
+    p.add_argument("--out", required=True,
+                   help="output directory (an interrupted run resumes from it; other settings are refused)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="run the policy on a `heisd serve` at URL (its target and method flags apply, "
                         "not the local ones); latency_ms is then the server's step time")
+    p.add_argument("--persist-thresholds", action="store_true",
+                   help="after the last episode, merge the online-adapted skip thresholds into the datastore's "
+                        "manifest (by default they stay in --out and the datastore is only read)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,23 +32,30 @@ def run(args: argparse.Namespace) -> int:
 
     from heisd.benchmarks.mw import resolve_tasks
     from heisd.commands.common import load_policy, method_config
+    from heisd.errors import InputError, UsageError
     from heisd.runtime.evaluation import EvalConfig, evaluate
+    from heisd.runtime.runinfo import run_identity, server_identity
 
     tasks = resolve_tasks(args.tasks)
-    if args.episodes < 1:
-        raise SystemExit("--episodes must be >= 1")
     if args.server:
         from heisd.client import PolicyClient, RemotePolicy, ServerUnreachable
 
+        if args.persist_thresholds:
+            raise UsageError("--persist-thresholds: with --server the skip thresholds adapt on the server")
         client = PolicyClient(args.server)
         try:
-            policy, label = RemotePolicy(client), client.info()["method"]
+            info = client.info()
         except ServerUnreachable as err:
-            raise SystemExit(f"--server: {err}") from None
+            raise InputError(f"--server: {err}") from None
+        policy, label, identity = RemotePolicy(client), info["method"], server_identity(info, args.server)
+        chunk = info["target"]["action_shape"][0]
     else:
         cfg = method_config(args)
         policy, label = load_policy(args, cfg), cfg.label
+        identity, chunk = run_identity(policy.vla.fingerprint(), cfg, args.target), policy.vla.config.chunk
+    if args.execute > chunk:
+        raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
     summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute),
-                       Path(args.out))
+                       Path(args.out), identity=identity, persist_thresholds=args.persist_thresholds)
     print(json.dumps(summary, indent=2))
     return 0

@@ -15,6 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--demos", nargs="+", required=True, help="held-out demonstration HDF5 file(s)")
     p.add_argument("--frames", type=int, default=400, help="frames to decode")
     p.add_argument("--out", required=True, help="output directory for replay.json")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing replay.json in --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,16 +24,16 @@ def run(args: argparse.Namespace) -> int:
     from heisd.commands.common import load_policy, method_config
     from heisd.runtime.methods import build_decoders
     from heisd.runtime.policy import VLAPolicy
-    from heisd.runtime.replay import replay
+    from heisd.runtime.replay import REPLAY_FILE, REPLAY_RUN, replay
+    from heisd.storage import check_output, directory_lock, write_json
 
-    if args.frames < 1:
-        raise SystemExit("--frames must be >= 1")
+    out = Path(args.out)
+    check_output(out, REPLAY_RUN, args.overwrite)
     cfg = method_config(args)
     policy = load_policy(args, cfg)
     reference = VLAPolicy(policy.vla, build_decoders(method_config(args, "ar"), policy.vla))
-    result = replay(policy, reference, cfg.label, args.demos, args.frames)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "replay.json").write_text(json.dumps(result, indent=2) + "\n")
+    with directory_lock(out):
+        result = replay(policy, reference, cfg.label, args.demos, args.frames)
+        write_json(out / REPLAY_FILE, result)
     print(json.dumps(result, indent=2))
     return 0

@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feature-weight", type=float, default=1.0, help="weight of the smooth-L1 feature loss")
     parser.add_argument("--token-weight", type=float, default=0.1, help="weight of the greedy-token cross-entropy")
     parser.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a drafter already in --out (its cached target features are reused)")
+    parser.add_argument("--skip-invalid-episodes", action="store_true",
+                        help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,14 +34,12 @@ def run(args: argparse.Namespace) -> int:
 
     from heisd.drafter.train import DrafterTrainConfig, train_drafter
 
-    missing = [str(p) for p in args.demos if not p.is_file()]
-    if missing:
-        raise SystemExit(f"no demonstration file: {', '.join(missing)}")
     torch.set_num_threads(args.threads)
     cfg = DrafterTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                              max_frames=args.max_frames, feature_weight=args.feature_weight,
                              token_weight=args.token_weight, eval_every=args.eval_every)
-    info = train_drafter(args.target, args.demos, args.out, cfg)
+    info = train_drafter(args.target, args.demos, args.out, cfg, overwrite=args.overwrite,
+                         skip_invalid=args.skip_invalid_episodes)
     final = info["final"]
     print(f"drafter: {args.out}  frames={info['train_frames']}  held-out top-1={final['val_top1']:.3f}  "
           f"wall={info['wall_time_s']}s")

@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=int, default=500, help="steps between validation log lines")
     parser.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the training run in --out (its files are removed when the new run starts)")
+    parser.add_argument("--skip-invalid-episodes", action="store_true",
+                        help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
     size = parser.add_argument_group("model size (ignored with --resume)")
     size.add_argument("--hidden-size", type=int, default=192, help="LLM width (MLP 4x, 4 heads)")
     size.add_argument("--layers", type=int, default=4, help="LLM decoder layers")
@@ -37,11 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from heisd.vla.train import TRAIN_STATE_FILE, TrainConfig, train
+    from heisd.errors import UsageError
+    from heisd.vla.train import TrainConfig, train
 
+    if args.resume and args.overwrite:
+        raise UsageError("--resume continues the run in --out, --overwrite replaces it: pass one of them")
     torch.set_num_threads(args.threads)
-    if not args.resume and (args.out / TRAIN_STATE_FILE).exists():
-        raise SystemExit(f"{args.out} already holds a training run: pass --resume or another --out")
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                       seed=args.seed, val_fraction=args.val_fraction, eval_every=args.eval_every,
                       save_every=args.save_every)
@@ -49,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
                  "intermediate_size": 4 * args.hidden_size, "image_size": args.image_size,
                  "vision_channels": tuple(int(c) for c in args.vision_channels.split(","))}
     metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
-                    resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark))
+                    resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
+                    overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes)
     print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
     return 0
 

@@ -8,7 +8,10 @@
         obs/gripper_states     (T, G) float32
         obs/goal_pos           (T, 3) float32, optional (Meta-World's goal; LIBERO has none)
 
-The same code reads our Meta-World files and real LIBERO demonstration files.
+The same code reads our Meta-World files and real LIBERO demonstration files. Opening a file
+checks every episode: the layout, uint8 images, and (reading the small arrays) at least one step
+and finite actions and states. A bad episode is refused with file and episode named, or, with
+`skip_invalid`, left out and listed in `DemoFile.skipped` (layout errors are always refused).
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ from typing import Iterator, Sequence
 import h5py
 import numpy as np
 
+from heisd.errors import InputError
+
 REQUIRED_DATASETS = ("actions", "obs/agentview_rgb", "obs/ee_pos", "obs/gripper_states")
+NUMERIC_DATASETS = ("actions", "obs/ee_pos", "obs/gripper_states", "obs/goal_pos")  # must be finite
+SKIP_FLAG = "--skip-invalid-episodes"  # the flag that asks to leave invalid episodes out
 
 
-class DemoFormatError(ValueError):
+class DemoFormatError(InputError):
     """A demonstration file that does not follow the layout; the message names file and key."""
 
 
@@ -58,8 +65,9 @@ def _attr(obj, key: str) -> str:
 class DemoFile:
     """Open with ``with DemoFile(path) as f: for ep in f: ...``. Validates on open."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, skip_invalid: bool = False):
         self.path = Path(path)
+        self.skipped: dict[str, str] = {}  # episode -> why it was left out (with skip_invalid)
         if not self.path.is_file():
             raise DemoFormatError(f"{self.path}: no such demonstration file")
         try:
@@ -70,11 +78,22 @@ class DemoFile:
             self.close()
             raise DemoFormatError(f"{self.path}: missing group 'data'")
         self._data = self._h5["data"]
-        self._names = sorted(
-            (k for k in self._data.keys() if k.startswith("demo_")), key=lambda k: int(k[5:])
-        )
-        for name in self._names:
-            self._validate(name)
+        names = sorted((k for k in self._data.keys() if k.startswith("demo_")), key=lambda k: int(k[5:]))
+        self._names = []
+        try:
+            for name in names:
+                self._validate(name)
+                problem = self._invalid_data(name)
+                if problem is None:
+                    self._names.append(name)
+                elif skip_invalid:
+                    self.skipped[name] = problem
+                else:
+                    raise DemoFormatError(f"{self.path}: data/{name} {problem} (fix the file; {SKIP_FLAG} "
+                                          "leaves such episodes out of training and datastores)")
+        except DemoFormatError:
+            self.close()
+            raise
 
     def _validate(self, name: str) -> None:
         group = self._data[name]
@@ -90,8 +109,27 @@ class DemoFile:
                 raise DemoFormatError(
                     f"{self.path}: data/{name}/{key} has {group[key].shape[0]} steps, actions has {t}"
                 )
-        if group["obs/agentview_rgb"].ndim != 4 or group["obs/agentview_rgb"].shape[-1] != 3:
-            raise DemoFormatError(f"{self.path}: data/{name}/obs/agentview_rgb is not (T, H, W, 3)")
+        images = group["obs/agentview_rgb"]
+        if images.ndim != 4 or images.shape[-1] != 3 or min(images.shape[1:3]) < 1:
+            raise DemoFormatError(f"{self.path}: data/{name}/obs/agentview_rgb has shape {images.shape}, "
+                                  "not (T, H, W, 3) RGB")
+        if images.dtype != np.uint8:
+            raise DemoFormatError(f"{self.path}: data/{name}/obs/agentview_rgb is {images.dtype}; heisd reads "
+                                  "uint8 RGB in 0..255 (a float image in [0, 1] would read as black): "
+                                  "store (x * 255).round().astype(uint8)")
+
+    def _invalid_data(self, name: str) -> str | None:
+        """Why an episode's data is unusable (no steps, non-finite values), or None."""
+        group = self._data[name]
+        if group["actions"].shape[0] == 0:
+            return "has 0 steps"
+        for key in NUMERIC_DATASETS:
+            if key in group:
+                values = np.asarray(group[key][()], dtype=np.float64)
+                if not np.isfinite(values).all():
+                    bad = np.argwhere(~np.isfinite(values))[0]
+                    return f"has non-finite {key} (first at step {bad[0]}: {values[tuple(bad)]})"
+        return None
 
     @property
     def attrs(self) -> dict:
@@ -163,10 +201,10 @@ class ActionStats:
         return cls(**{k: np.asarray(d[k], dtype=np.float32) for k in cls.__dataclass_fields__})
 
 
-def compute_action_stats(paths: Sequence[str | Path]) -> ActionStats:
+def compute_action_stats(paths: Sequence[str | Path], skip_invalid: bool = False) -> ActionStats:
     chunks = []
     for path in paths:
-        with DemoFile(path) as f:
+        with DemoFile(path, skip_invalid) as f:
             for name in f.episode_names():
                 chunks.append(np.asarray(f._data[name]["actions"][()], dtype=np.float32))
     if not chunks:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
@@ -24,6 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from heisd import __version__
+from heisd.storage import OutputKind, atomic_file, check_output
+from heisd.storage.guard import hdf5_with_attr
+
+VERSION_ATTR = "heisd_version"  # attribute of the `data` group: marks a file heisd wrote
+DEMOS = OutputKind("demonstration file", hdf5_with_attr("data", VERSION_ATTR))
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,11 @@ def _target_policy(directory: str):
     return VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
 
 
-def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True) -> dict:
+def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True,
+                   overwrite: bool = False) -> dict:
     """Roll out `cfg.policy` and write the episodes to `out` (atomically): the successful ones of
-    an expert, every one of the target's."""
+    an expert, every one of the target's. An existing `out` needs `overwrite`, and is replaced
+    only if heisd wrote it."""
     from tqdm import tqdm
 
     from heisd.benchmarks.mw import check_task
@@ -116,21 +122,20 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
     for t in cfg.tasks:
         check_task(t)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
+    check_output(out, DEMOS, overwrite)
     start = time.time()
     kept, dropped, steps = 0, {}, 0
     bar = tqdm(total=len(cfg.tasks) * cfg.episodes, desc="demos", unit="ep", disable=not progress)
     jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
     import h5py
 
-    with h5py.File(tmp, "w") as h5:
+    with atomic_file(out) as tmp, h5py.File(tmp, "w") as h5:
         data = h5.create_group("data")
         data.attrs["benchmark"] = "mw"
         data.attrs["source"] = cfg.source
         data.attrs["env_args"] = json.dumps(asdict(cfg))
         data.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        data.attrs["heisd_version"] = __version__
+        data.attrs[VERSION_ATTR] = __version__
         # Episodes are independent jobs (each a pure function of its seed); imap keeps their
         # order, so the file is identical for any number of workers.
         pool = get_context("spawn").Pool(workers) if workers > 1 else None
@@ -139,12 +144,13 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
             for ep in results:
                 kept, steps = _write(data, ep, kept, steps, dropped, keep_failed=cfg.source == "target")
                 bar.update(1)
-        finally:
             if pool:
                 pool.close()
+        finally:
+            if pool:
+                pool.terminate()  # after close(): workers are done; on an error or interrupt: stop them
         data.attrs["total"] = steps
     bar.close()
-    os.replace(tmp, out)
     wall = time.time() - start
     return {"kept": kept, "dropped": dropped, "steps": steps, "seconds": wall, "steps_per_s": steps / wall}
 

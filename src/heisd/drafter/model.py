@@ -14,9 +14,6 @@ it): a drafter directory is bound to one target at load and refuses any other.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -30,13 +27,15 @@ from torch.nn import functional as F
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from heisd.config_types import check_types
 from heisd.decoding.vocab import ActionVocab
+from heisd.errors import HeisdError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-class DrafterError(ValueError):
+class DrafterError(HeisdError, ValueError):
     """A drafter directory that is missing, corrupt, or made for another target."""
 
 
@@ -94,6 +93,7 @@ class DrafterConfig:
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}")
+        check_types(cls, d, "DrafterConfig")
         return cls(**d)
 
     def llama_config(self) -> LlamaConfig:
@@ -160,18 +160,13 @@ class Drafter(nn.Module):
 
     # ----- persistence -----
     def save_pretrained(self, directory: str | Path) -> None:
-        """config.json + model.safetensors, each renamed into place (a reader never sees half a file)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".drafter-", dir=directory))
-        try:
-            (tmp / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2))
+        """config.json + model.safetensors, renamed into place together (a reader never sees half a file)."""
+        from heisd.storage import atomic_files
+
+        with atomic_files(Path(directory), (CONFIG_FILE, WEIGHTS_FILE)) as tmp:
+            tmp[CONFIG_FILE].write_text(json.dumps(asdict(self.config), indent=2))
             state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-            save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-            for name in (CONFIG_FILE, WEIGHTS_FILE):
-                os.replace(tmp / name, directory / name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            save_file(state, str(tmp[WEIGHTS_FILE]), metadata={"format": "pt"})
 
     @classmethod
     def from_pretrained(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -25,13 +24,19 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from heisd.decoding.rollout import Features, greedy_rollout
-from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
+from heisd.drafter.model import CONFIG_FILE, WEIGHTS_FILE, Drafter, DrafterConfig, DrafterTarget, additive_mask
+from heisd.errors import InputError
+from heisd.storage import OutputKind, atomic_file, check_output, clear_output, directory_lock, write_json
+from heisd.storage.guard import has_file, json_with
 from heisd.vla import VLA
 from heisd.vla.frames import Frames, build_frames, read_episodes
 
 FEATURES_FILE = "features.safetensors"
 LOG_FILE = "train_log.jsonl"
 INFO_FILE = "train_info.json"
+DRAFTER_RUN = OutputKind(
+    "drafter", lambda p: has_file(INFO_FILE, WEIGHTS_FILE)(p) or json_with(CONFIG_FILE, "target_fingerprint")(p),
+    files=(CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, INFO_FILE), reusable=(FEATURES_FILE,))
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ def fit(drafter: Drafter, train: Features, cfg: DrafterTrainConfig, val: Feature
 def _split_frames(records: list, vla: VLA, cfg: DrafterTrainConfig) -> tuple[Frames, torch.Tensor, Frames, torch.Tensor]:
     """Held-out whole episodes (unseen trajectories), then frame subsets of both sides."""
     if len(records) < 2:
-        raise ValueError("need at least 2 successful episodes: one is held out for the accuracy")
+        raise InputError("need at least 2 successful episodes: one is held out for the accuracy")
     perm = torch.randperm(len(records), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     n_val = min(len(records) - 1, max(1, round(cfg.val_fraction * len(records))))
     side = [build_frames([records[i] for i in sorted(ids)], vla.text_tokenizer, vla.action_tokenizer,
@@ -164,7 +169,7 @@ def _split_frames(records: list, vla: VLA, cfg: DrafterTrainConfig) -> tuple[Fra
 
 
 def _features(vla: VLA, fingerprint: str, demos: Sequence[Path], out: Path,
-              cfg: DrafterTrainConfig) -> tuple[Features, Features, dict]:
+              cfg: DrafterTrainConfig, skip_invalid: bool) -> tuple[Features, Features, dict]:
     """Generated target features, from the cache in ``out`` when it was made the same way."""
     key = json.dumps({"target": fingerprint, "seed": cfg.seed, "val_fraction": cfg.val_fraction,
                       "max_frames": cfg.max_frames, "max_val_frames": cfg.max_val_frames,
@@ -180,26 +185,39 @@ def _features(vla: VLA, fingerprint: str, demos: Sequence[Path], out: Path,
                     Features(t["val_hidden"].float(), t["val_tokens"]), {"features_cached": True})
         print(f"{path} was made from other data or another target: regenerating")
     start = time.perf_counter()
-    records, _ = read_episodes(list(demos), vla.config.image_size)
+    records, _, _ = read_episodes(list(demos), vla.config.image_size, skip_invalid=skip_invalid)
     train_frames, train_idx, val_frames, val_idx = _split_frames(records, vla, cfg)
     del records
     train = vla_features(vla, _Subset(train_frames, train_idx), cfg.rollout_batch_size, "target rollout (train)")
     val = vla_features(vla, _Subset(val_frames, val_idx), cfg.rollout_batch_size, "target rollout (held out)")
     tensors = {"train_hidden": train.hidden.half(), "train_tokens": train.tokens,  # fp16: half the disk
                "val_hidden": val.hidden.half(), "val_tokens": val.tokens}
-    tmp = path.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"key": key})
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"key": key})
     return train, val, {"features_cached": False, "generation_time_s": round(time.perf_counter() - start, 1)}
 
 
-def train_drafter(target_dir: Path, demos: Sequence[Path], out: Path, cfg: DrafterTrainConfig) -> dict:
-    """Generate (or reuse) target features, train a drafter, save it to ``out``; returns train_info."""
+def train_drafter(target_dir: Path, demos: Sequence[Path], out: Path, cfg: DrafterTrainConfig,
+                  overwrite: bool = False, skip_invalid: bool = False) -> dict:
+    """Generate (or reuse) target features, train a drafter, save it to ``out``; returns train_info.
+
+    A drafter already in ``out`` needs ``overwrite`` (the feature cache is kept and reused);
+    ``out`` holds the lock meanwhile. ``skip_invalid``: leave out episodes with unusable data.
+    """
+    out = Path(out)
+    replace = check_output(out, DRAFTER_RUN, overwrite)
+    with directory_lock(out):
+        if replace:
+            clear_output(out, DRAFTER_RUN)
+        return _train_drafter(Path(target_dir), demos, out, cfg, skip_invalid)
+
+
+def _train_drafter(target_dir: Path, demos: Sequence[Path], out: Path, cfg: DrafterTrainConfig,
+                   skip_invalid: bool) -> dict:
     wall0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
     vla = VLA.from_pretrained(target_dir).eval()
     target = DrafterTarget.from_vla(vla)
-    train, val, gen_info = _features(vla, target.fingerprint, [Path(p) for p in demos], out, cfg)
+    train, val, gen_info = _features(vla, target.fingerprint, [Path(p) for p in demos], out, cfg, skip_invalid)
     torch.manual_seed(cfg.seed)
     drafter = Drafter(DrafterConfig.for_target(target, max_positions=vla.config.n_action_tokens), target)
     (out / LOG_FILE).unlink(missing_ok=True)
@@ -212,5 +230,5 @@ def train_drafter(target_dir: Path, demos: Sequence[Path], out: Path, cfg: Draft
             "threads": torch.get_num_threads(), "drafter_params": sum(p.numel() for p in drafter.parameters()),
             "train_time_s": round(time.perf_counter() - t0, 1), "wall_time_s": round(time.perf_counter() - wall0, 1),
             "train_config": asdict(cfg), "drafter_config": asdict(drafter.config), "final": metrics}
-    (out / INFO_FILE).write_text(json.dumps(info, indent=2))
+    write_json(out / INFO_FILE, info)
     return info

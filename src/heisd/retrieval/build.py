@@ -22,15 +22,19 @@ from tqdm import tqdm
 
 from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.decoding.rollout import greedy_rollout
+from heisd.errors import InputError
 from heisd.kinematics import KinematicConfig, KinematicStats
 from heisd.retrieval.datastore import Datastore, DatastoreWriter
 from heisd.retrieval.index import IndexConfig, IndexKind
+from heisd.retrieval.manifest import DATASTORE, read_manifest, sha256_file
+from heisd.storage import check_output
 from heisd.vla import VLA
 from heisd.vla.frames import chunk_targets
 from heisd.vla.vision import resize_images
 
 KINEMATIC_STATS_KEY = "kinematic_stats"  # extras: KinematicStats.to_dict() over the demonstrations
 LAYOUT_KEY = "action_layout"  # extras: action_dim, chunk, vocab_size, n_bins of the target
+BUILD_KEY = "build"  # extras: the build summary, with the identity of every demonstration file read
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,16 @@ def demo_tokens(vla: VLA, actions: np.ndarray, n_sequences: int) -> np.ndarray:
 
 
 def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
-                    config: BuildConfig | None = None, overwrite: bool = False) -> dict[str, Any]:
+                    config: BuildConfig | None = None, overwrite: bool = False,
+                    skip_invalid: bool = False) -> dict[str, Any]:
     """Encode every frame of every successful episode and write the datastore; returns a summary.
     Failed expert demonstrations are left out: their actions would be drafted as if they were
     right. The target's own rollouts (`heisd demos --policy DIR`) are kept whole, failures too:
     the drafts are the target's own tokens, right for the target wherever it went (ours). The
-    kinematic statistics come from the expert's episodes only (the metric's reference motion)."""
+    kinematic statistics come from the expert's episodes only (the metric's reference motion).
+    `skip_invalid`: episodes with unusable data are left out (counted) instead of refused."""
     config = config or BuildConfig()
+    check_output(Path(out_dir), DATASTORE, overwrite)  # before the expensive part; finalize checks again
     vla.eval()
     n_tokens, hidden_dim = vla.config.n_action_tokens, vla.config.hidden_size
     writer = DatastoreWriter(key_dim=key_dim(vla), hidden_dim=hidden_dim, n_tokens=n_tokens,
@@ -93,13 +100,13 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
     trajectories, episodes, dropped, start = [], 0, 0, time.perf_counter()
     # per file: who acted and its entries' episode ids [first, end): an entry's source is its episode's
     sources: list[dict[str, Any]] = []
-    total = 0
+    total, invalid = 0, 0
     for path in demos:  # episode count up front, for the progress bar
-        with DemoFile(path) as f:
-            total += len(f)
+        with DemoFile(path, skip_invalid) as f:
+            total, invalid = total + len(f), invalid + len(f.skipped)
     with tqdm(total=total, unit="episode", desc="build-datastore") as bar:
         for path in demos:
-            with DemoFile(path) as f:
+            with DemoFile(path, skip_invalid) as f:
                 source = f.attrs.get("source", "expert")
                 tally = {"path": str(path), "source": source, "episodes": [episodes, episodes], "frames": 0}
                 sources.append(tally)
@@ -126,7 +133,8 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
     kinematic = KinematicConfig()
     if not trajectories:
         raise DemoFormatError("the kinematic statistics need expert demonstrations beside the target's rollouts")
-    summary = {"demos": [str(p) for p in demos], "episodes": episodes, "dropped_failed": dropped, "sources": sources,
+    summary = {"demos": [str(p) for p in demos], "demo_files": [demo_identity(p) for p in demos],
+               "episodes": episodes, "dropped_failed": dropped, "dropped_invalid": invalid, "sources": sources,
                "frames": len(writer), "seconds": round(seconds, 2),
                "frames_per_s": round(len(writer) / seconds, 1), "threads": torch.get_num_threads(),
                **asdict(config)}
@@ -135,10 +143,29 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
         "kinematic_config": asdict(kinematic),
         LAYOUT_KEY: {"action_dim": vla.config.action_dim, "chunk": vla.config.chunk,
                      "vocab_size": vla.config.vocab_size, "n_bins": vla.config.n_bins},
-        "build": summary,
+        BUILD_KEY: summary,
     }
     writer.finalize(out_dir, extras=extras, overwrite=overwrite)
     return summary
+
+
+def demo_identity(path: str | Path) -> dict[str, Any]:
+    """A demonstration file by content (a copy under another name is the same file)."""
+    path = Path(path)
+    return {"path": str(path.resolve()), "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def check_held_out(root: str | Path, demos: Sequence[str | Path]) -> None:
+    """Refuse held-out demonstrations the datastore was built from: every frame would find
+    itself (theta 1.0, skip rate 1.0), a meaningless calibration."""
+    built = read_manifest(Path(root))["extras"].get(BUILD_KEY, {})
+    by_sha = {f["sha256"]: f["path"] for f in built.get("demo_files", [])}
+    by_path = {str(Path(p).resolve()): p for p in built.get("demos", [])}  # manifests older than demo_files
+    for path in demos:
+        same = by_sha.get(sha256_file(Path(path))) if by_sha else by_path.get(str(Path(path).resolve()))
+        if same is not None:
+            raise InputError(f"--demos {path}: {root} was built from this file ({same}); calibrate on "
+                             "held-out demonstrations (e.g. heisd demos --seed 2)")
 
 
 def open_datastore(path: str | Path, vla: VLA, **kwargs: Any) -> Datastore:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import datetime
 import platform
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import faiss
 import numpy as np
@@ -26,7 +27,8 @@ from heisd.retrieval.entries import GLOBAL_COLLECTION, PAYLOAD_FIELDS, EntryBuff
 from heisd.retrieval.index import IndexConfig, build_index, index_kind, set_ef_search
 from heisd.retrieval.loading import load_validated
 from heisd.retrieval.manifest import (
-    FORMAT_VERSION, MANIFEST, DatastoreError, atomic_directory, file_record, write_json_atomic)
+    DATASTORE, FORMAT_VERSION, MANIFEST, DatastoreError, edit_manifest_extras, file_record)
+from heisd.storage import atomic_directory, check_output, directory_lock, write_json
 
 METRIC = "cosine"  # inner product on L2-normalized keys
 
@@ -80,8 +82,10 @@ class DatastoreWriter:
     def finalize(self, out_dir: str | Path, *, extras: dict[str, Any] | None = None,
                  overwrite: bool = False) -> Path:
         """Build every index and write the directory (see the module docstring); returns it.
-        `extras` seeds the manifest's free dict (calibrated thresholds, kinematic stats)."""
+        `extras` seeds the manifest's free dict (calibrated thresholds, kinematic stats).
+        `overwrite` replaces an existing datastore (never anything else), holding its lock."""
         out_dir = Path(out_dir)
+        replace = check_output(out_dir, DATASTORE, overwrite)
         buf = self._buffer
         counts = buf.task_counts()
         if buf.n_entries == 0:
@@ -91,7 +95,7 @@ class DatastoreWriter:
         if empty:
             raise DatastoreError(out_dir, f"refusing to write empty collections for tasks {empty}")
         arrays = buf.arrays()
-        with atomic_directory(out_dir, overwrite) as tmp:
+        with directory_lock(out_dir) if replace else nullcontext(), atomic_directory(out_dir, replace) as tmp:
             files: dict[str, dict[str, Any]] = {}
 
             def save_array(name: str, array: np.ndarray) -> None:
@@ -124,7 +128,7 @@ class DatastoreWriter:
                 "index_config": asdict(self.index_config), "extras": dict(extras or {}),
                 "created": _creation_info(),
             }
-            write_json_atomic(tmp / MANIFEST, manifest)
+            write_json(tmp / MANIFEST, manifest, sort_keys=True)
         return out_dir
 
 
@@ -236,10 +240,11 @@ class Datastore:
 
     # -- persistence of calibrated values ---------------------------------------------
     def update_extras(self, values: dict[str, Any]) -> dict[str, Any]:
-        """Merge `values` into the manifest's `extras` and rewrite the manifest atomically
-        (e.g. the online verify-skip threshold after each episode). Returns the new extras."""
-        manifest = dict(self._manifest)
-        manifest["extras"] = {**manifest["extras"], **values}
-        write_json_atomic(self.root / MANIFEST, manifest)
-        self._manifest = manifest
+        """Merge `values` into the manifest's `extras` (calibrated thresholds); returns the new extras.
+        A locked read-modify-write of the manifest on disk: a concurrent edit is never lost."""
+        return self.edit_extras(lambda extras: {**extras, **values})
+
+    def edit_extras(self, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Replace the extras by `edit(extras as now on disk)` under the datastore's lock."""
+        self._manifest = edit_manifest_extras(self.root, self._manifest["files"], edit)
         return self.extras

@@ -1,21 +1,28 @@
-"""On-disk plumbing of a datastore directory: manifest, checksums, atomic writes."""
+"""On-disk plumbing of a datastore directory: manifest, checksums, the locked manifest edit.
+
+A datastore is read-only at run time: the manifest changes only through `edit_manifest_extras`,
+under the directory's lock (`heisd calibrate`, or eval/bench with `--persist-thresholds`).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import shutil
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
+
+from heisd.errors import HeisdError
+from heisd.storage import OutputKind, directory_lock, fsync_path, write_json
+from heisd.storage.guard import json_with
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+DATASTORE = OutputKind("datastore", json_with(MANIFEST, "format_version", "target_fingerprint"))
+LOCK_WAIT_S = 10.0  # a manifest edit waits this long for another writer (edits take milliseconds)
 
 
-class DatastoreError(Exception):
+class DatastoreError(HeisdError):
     """A datastore directory cannot be written or loaded; says which path and what is wrong."""
 
     def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
@@ -30,15 +37,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a file (or a directory entry table) to disk, so a rename after it is durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def file_record(path: Path) -> dict[str, Any]:
@@ -58,21 +56,6 @@ def verify_files(root: Path, files: dict[str, dict[str, Any]], checksums: bool) 
                                  f"manifest says {record['bytes']}")
         if checksums and sha256_file(path) != record["sha256"]:
             raise DatastoreError(path, "sha256 checksum mismatch (file corrupted)")
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Replace `path` in one rename: readers see the old or the new file, never a partial one."""
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_path(path.parent)
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -98,32 +81,22 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-@contextmanager
-def atomic_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
-    """Yield a temporary sibling of `out_dir` to build in; rename it to `out_dir` on success.
+def files_fingerprint(manifest: dict[str, Any]) -> str:
+    """sha256 over the manifest's file records: identifies the stored data (not the extras)."""
+    return hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
 
-    On any exception the temporary directory is removed, so nothing loadable or leftover
-    remains. A hard crash (kill -9) can leave a hidden `.name.tmp-*` sibling, which has no
-    valid manifest at `out_dir` and is never loaded.
-    """
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise DatastoreError(out_dir, "already exists (pass overwrite=True to replace it)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
-        yield tmp
-        fsync_path(tmp)
-        if out_dir.exists():
-            # A directory cannot be replaced in one rename: move the old one aside first.
-            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(out_dir, old)
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, out_dir)
-        fsync_path(out_dir.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+def edit_manifest_extras(root: Path, expected_files: dict[str, Any],
+                         edit: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Read the manifest fresh under the directory lock, replace its extras by `edit(extras)`,
+    write it atomically; returns the new manifest. Concurrent writers queue on the lock, so none
+    loses another's edit. `expected_files`: the file records the caller loaded, so an edit never
+    lands on a datastore rebuilt in the meantime."""
+    with directory_lock(root, wait_s=LOCK_WAIT_S, create=False):
+        manifest = read_manifest(root)
+        if manifest["files"] != expected_files:
+            raise DatastoreError(root / MANIFEST, "the datastore was rebuilt since it was loaded; "
+                                 "nothing was written (load it again)")
+        manifest["extras"] = edit(dict(manifest["extras"]))
+        write_json(root / MANIFEST, manifest, sort_keys=True)
+    return manifest

@@ -3,9 +3,10 @@ target's current lm_head-input feature is close to the one stored with the top-1
 
 Skip when cosine(prefill hidden, stored hidden) >= theta AND the retrieved sequence agrees
 with the tokens already emitted (the prefill's free greedy first token: a skipped draft is
-checked on its first token at no cost). theta is calibrated offline (`calibrate_theta`) and
-adapted online after each episode; it lives in the datastore manifest under
-`extras["verify_skip"]["theta"]`.
+checked on its first token at no cost). theta is calibrated offline (`calibrate_theta`), stored
+in the datastore manifest under `extras["verify_skip"]`, and adapted online after each episode
+in memory: the datastore is read-only at run time. A run keeps its adapted thetas in its own
+folder; `heisd.retrieval.online` merges them into the manifest only when asked to.
 
 Prefill skip (ours): the same test one step earlier, on the retrieval key. When the cosine
 similarity of the current image feature to the top-1 entry's is >= its own theta, the top-1
@@ -39,18 +40,24 @@ def cosine(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
     return float(np.clip(a @ b / denom, -1.0, 1.0)) if denom > 0 else 0.0
 
 
+def calibrated_floor(record: dict) -> float:
+    """The lowest theta online updates may reach: the calibrated one (0.5 when uncalibrated)."""
+    return float(np.clip(record.get("calibrated_theta", 0.5), 0.0, 1.0))
+
+
 class AdaptiveThreshold:
-    """A similarity threshold theta adapted by task outcomes and persisted in the datastore's
-    manifest under `extras[extras_key]["theta"]`."""
+    """A similarity threshold theta adapted in memory by task outcomes, starting from the
+    datastore manifest's `extras[extras_key]` record."""
 
     extras_key = ""
 
     def __init__(self, theta: float, eta: float = 0.01, theta_floor: float = 0.5, *,
-                 datastore: Datastore | None = None) -> None:
+                 source: dict | None = None) -> None:
         if not eta > 0 or not 0.0 <= theta_floor <= 1.0:
             raise ValueError(f"need eta > 0 and theta_floor in [0, 1], got {eta}, {theta_floor}")
         self.theta, self.eta, self.theta_floor = float(theta), float(eta), float(theta_floor)
-        self.datastore = datastore  # where update() persists theta; None keeps it in memory
+        self.source = dict(source or {})  # the manifest record theta started from ({} if none)
+        self.updates = 0  # online updates since `source`
         self.last_similarity: float | None = None
 
     @classmethod
@@ -64,19 +71,22 @@ class AdaptiveThreshold:
         record = datastore.extras.get(cls.extras_key, {})
         theta = record.get("theta", NEVER_SKIP)
         if theta_floor is None:
-            theta_floor = float(np.clip(record.get("calibrated_theta", 0.5), 0.0, 1.0))
-        return cls(theta, eta, theta_floor, datastore=datastore)
+            theta_floor = calibrated_floor(record)
+        return cls(theta, eta, theta_floor, source=record)
 
     def update(self, success: bool) -> float:
-        """After an episode: success -> theta - eta, failure -> theta + 2 eta, clipped to
-        [theta_floor, 1]; persisted to the datastore manifest when there is one."""
+        """After an episode: success -> theta - eta, failure -> theta + 2 eta, clipped to [theta_floor, 1]."""
         step = -self.eta if success else 2.0 * self.eta
         self.theta = float(np.clip(self.theta + step, self.theta_floor, 1.0))
-        if self.datastore is not None:
-            record = self.datastore.extras.get(self.extras_key, {})
-            updates = int(record.get("online_updates", 0)) + 1
-            self.datastore.update_extras({self.extras_key: {**record, "theta": self.theta, "online_updates": updates}})
+        self.updates += 1
         return self.theta
+
+    def state(self) -> dict:
+        """What a run folder keeps after each episode, to resume from."""
+        return {"theta": self.theta, "updates": self.updates}
+
+    def restore(self, state: dict) -> None:
+        self.theta, self.updates = float(state["theta"]), int(state["updates"])
 
 
 class VerifySkip(AdaptiveThreshold):

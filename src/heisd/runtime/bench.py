@@ -8,15 +8,21 @@ and the cost-aware switch, lossless and with every mechanism.
 
 from __future__ import annotations
 
-import json
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
 from heisd.runtime.evaluation import EvalConfig, EvalRun
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.policy import VLAPolicy
+from heisd.runtime.runinfo import EVAL_RUN, run_identity
+from heisd.storage import OutputKind, directory_lock, refuse_foreign, write_json, write_text
 
 QUICK_TASKS = ("reach-v3", "drawer-close-v3", "button-press-topdown-v3")
+BENCH_FILE = "bench.json"
+# a bench folder: its bench.json, or (before the first finishes) the method run folders in it
+BENCH_RUN = OutputKind("bench", lambda path: path.is_dir() and ((path / BENCH_FILE).is_file() or any(
+    EVAL_RUN.recognize(child) for child in path.iterdir() if child.is_dir())))
 
 
 def ladder(base: MethodConfig) -> list[MethodConfig]:
@@ -35,8 +41,11 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
     return configs
 
 
-def run_bench(vla, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True) -> list[dict]:
-    """Evaluate each configuration into out/<label>/ (each resumable).
+def run_bench(vla, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True,
+              persist: MethodConfig | None = None, target_path: str | None = None) -> list[dict]:
+    """Evaluate each configuration into out/<label>/ (each resumable, each run.json with the
+    resources' fingerprints). `persist`: the configuration whose online skip thresholds are
+    merged into the datastore manifest once all its episodes are done (none when None).
 
     Methods take turns episode by episode rather than one after the other, so a change in
     machine load during the run (this machine is shared) hits every method alike and the
@@ -44,26 +53,42 @@ def run_bench(vla, configs: list[MethodConfig], cfg: EvalConfig, out: Path, prog
     """
     from tqdm import tqdm
 
+    from heisd.retrieval.online import check_persistable
+
     if configs[0].method != "ar":
         raise ValueError("the first configuration must be AR: speedups are ratios to it")
-    runs = [EvalRun(mc.label, cfg, out / _folder(mc)) for mc in configs]
+    out = Path(out)
+    refuse_foreign(out, BENCH_RUN)
     policies = [VLAPolicy(vla, build_decoders(mc, vla)) for mc in configs]
-    pending = [set(run.pending()) for run in runs]
-    jobs = [(t, i, k) for t in cfg.tasks for i in range(cfg.episodes) for k in range(len(runs)) if (t, i) in pending[k]]
-    bar = tqdm(jobs, desc="bench", unit="ep", disable=not progress)
-    for task, i, k in bar:
-        bar.set_postfix(method=runs[k].label, task=task)
-        runs[k].run(policies[k], task, i)
-    summaries = []
-    for mc, run in zip(configs, runs):
-        summary = run.summary()
-        summary["dir"] = _folder(mc)
-        summary["config"] = {k: v for k, v in mc.__dict__.items() if k not in ("drafter", "datastore")}
-        summaries.append(summary)
-    ar = summaries[0]["latency_ms"]["median"]
-    for s in summaries:
-        s["speedup"] = ar / s["latency_ms"]["median"]
-    (out / "bench.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    if persist is not None:
+        check_persistable(policies[configs.index(persist)].skip_thresholds())
+    fingerprint = vla.fingerprint()
+    with ExitStack() as held:
+        held.enter_context(directory_lock(out))
+        runs = [held.enter_context(EvalRun(mc.label, cfg, out / _folder(mc), run_identity(fingerprint, mc, target_path)))
+                for mc in configs]
+        for run, policy in zip(runs, policies):
+            run.attach(policy)
+        pending = [set(run.pending()) for run in runs]
+        jobs = [(t, i, k) for t in cfg.tasks for i in range(cfg.episodes) for k in range(len(runs))
+                if (t, i) in pending[k]]
+        bar = tqdm(jobs, desc="bench", unit="ep", disable=not progress)
+        for task, i, k in bar:
+            bar.set_postfix(method=runs[k].label, task=task)
+            runs[k].run(policies[k], task, i)
+        summaries = []
+        for mc, run in zip(configs, runs):
+            summary = run.summary()
+            summary["dir"] = _folder(mc)
+            summary["config"] = {k: v for k, v in mc.__dict__.items() if k not in ("drafter", "datastore")}
+            summaries.append(summary)
+        if persist is not None:
+            k = configs.index(persist)
+            runs[k].persist_thresholds(policies[k])
+        ar = summaries[0]["latency_ms"]["median"]
+        for s in summaries:
+            s["speedup"] = ar / s["latency_ms"]["median"]
+        write_json(out / BENCH_FILE, summaries)
     return summaries
 
 
@@ -108,5 +133,5 @@ def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig
         + "".join(f"![{p.stem}]({p.name})\n" for p in plots)
     )
     path = out / "report.md"
-    path.write_text(text)
+    write_text(path, text)
     return path

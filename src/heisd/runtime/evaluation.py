@@ -2,7 +2,9 @@
 appended and fsynced) and `summary.json` (recomputed from all lines).
 
 An interrupted run resumes: finished episodes are read back and skipped; `run.json` records
-the settings, and a resume with different settings is refused instead of mixing results.
+the settings and the resources' fingerprints (`heisd.runtime.runinfo`), and a resume with
+anything different is refused instead of mixing results. A lock keeps a second process out
+of the folder while one runs. MuJoCo's warnings go to `mujoco.log` in the folder.
 """
 
 from __future__ import annotations
@@ -10,13 +12,23 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
+from heisd.errors import ConfigError, InputError
+from heisd.runtime import run_thresholds
 from heisd.runtime.metrics import episode_steps, summarize
 from heisd.runtime.policy import VLAPolicy
+from heisd.runtime.runinfo import EVAL_RUN, check_run
+from heisd.storage import directory_lock, refuse_foreign, write_json, write_text
 
 EVAL_SEED_OFFSET = 10_000  # evaluation layouts come from seeds no demonstration command uses by default
+EPISODES_FILE = "episodes.jsonl"
+SUMMARY_FILE = "summary.json"
+MUJOCO_LOG = "mujoco.log"
 
 
 @dataclass(frozen=True)
@@ -26,8 +38,13 @@ class EvalConfig:
     seed: int = 0  # layout seed of episode i of task t: episode_seed(EVAL_SEED_OFFSET + seed, t, i)
     max_steps: int = 300  # environment steps per episode
     execute: int = 0  # actions executed per inference (0 = the whole chunk)
-    image_size: int = 128
-    camera: str = "corner3"
+    image_size: int = 128  # camera frame, pixels
+    camera: str = "corner3"  # Meta-World camera
+
+    def __post_init__(self) -> None:
+        for name, least in (("episodes", 1), ("max_steps", 1), ("execute", 0), ("seed", 0), ("image_size", 1)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"EvalConfig.{name} must be >= {least}, got {getattr(self, name)}")
 
 
 def read_episodes(path: Path) -> list[dict]:
@@ -41,32 +58,47 @@ def read_episodes(path: Path) -> list[dict]:
             out.append(json.loads(line))
         except json.JSONDecodeError:
             if i != len(lines) - 1:
-                raise ValueError(f"{path}:{i + 1}: corrupt episode line (not the last one; refusing to guess)")
+                raise InputError(f"{path}:{i + 1}: corrupt episode line (not the last one; refusing to guess)")
             print(f"{path}: dropping a truncated last line; that episode reruns", file=sys.stderr)
-            path.write_text("".join(line_ + "\n" for line_ in lines[:-1]))
+            write_text(path, "".join(line_ + "\n" for line_ in lines[:-1]))
     return out
 
 
-def _check_run(out: Path, run: dict) -> None:
-    run = json.loads(json.dumps(run))  # tuples -> lists, as read back
-    path = out / "run.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        if old != run:
-            diff = {k: (old.get(k), run.get(k)) for k in set(old) | set(run) if old.get(k) != run.get(k)}
-            raise ValueError(f"{out} holds a run with other settings {diff}; use another --out to start afresh")
-    else:
-        path.write_text(json.dumps(run, indent=2) + "\n")
-
-
 class EvalRun:
-    """One method's evaluation directory: what is done, what is pending, one episode at a time."""
+    """One method's evaluation directory: what is done, what is pending, one episode at a time.
 
-    def __init__(self, label: str, cfg: EvalConfig, out: Path):
-        self.label, self.cfg, self.out = label, cfg, out
-        out.mkdir(parents=True, exist_ok=True)
-        _check_run(out, {"method": label, "benchmark": "mw", **asdict(cfg)})
-        self.done = read_episodes(out / "episodes.jsonl")
+    Holds the folder's lock from construction to `close()` (use it as a context manager).
+    `identity`: the resources and method config (`runinfo.run_identity`) for run.json.
+    """
+
+    def __init__(self, label: str, cfg: EvalConfig, out: Path, identity: dict | None = None):
+        self.label, self.cfg, self.out = label, cfg, Path(out)
+        refuse_foreign(self.out, EVAL_RUN)
+        self._held = ExitStack()
+        self._held.enter_context(directory_lock(self.out))
+        try:
+            check_run(self.out, {"method": label, "benchmark": "mw", **asdict(cfg), **(identity or {})})
+            self.done = read_episodes(self.out / EPISODES_FILE)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._held.close()
+
+    def __enter__(self) -> "EvalRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def attach(self, policy: VLAPolicy) -> None:
+        """Continue the policy's online skip thresholds from this run's last finished episode."""
+        run_thresholds.start(self.out, policy.skip_thresholds(), self.done)
+
+    def persist_thresholds(self, policy: VLAPolicy) -> dict:
+        """`--persist-thresholds`: merge the finished run's thresholds into the datastore manifest."""
+        return run_thresholds.persist(self.out, policy.skip_thresholds(), policy.decoders.retrieval.datastore)
 
     def pending(self) -> list[tuple[str, int]]:
         finished = {(e["task"], e["episode"]) for e in self.done}
@@ -76,12 +108,21 @@ class EvalRun:
         from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
         from heisd.data.demos import episode_seed
 
+        from heisd.benchmarks.mujoco_log import mujoco_log
+
         cfg = self.cfg
-        env = MetaWorldEnv(task, MWConfig(cfg.image_size, cfg.camera, cfg.max_steps))
         layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
-        line = run_episode(env, policy, layout_seed, cfg.execute)
+        with mujoco_log(self.out / MUJOCO_LOG, f"{task} episode {i}"):
+            env = MetaWorldEnv(task, MWConfig(cfg.image_size, cfg.camera, cfg.max_steps))
+            try:
+                line = run_episode(env, policy, layout_seed, cfg.execute)
+            except InputError as err:
+                raise InputError(f"{self.out}: {task} episode {i}: {err}") from err
         line.update(task=task, episode=i, layout_seed=layout_seed)
-        with open(self.out / "episodes.jsonl", "a") as log:
+        skips = policy.skip_thresholds()
+        if skips:
+            line[run_thresholds.LINE_KEY] = run_thresholds.snapshot(skips)
+        with open(self.out / EPISODES_FILE, "a") as log:
             log.write(json.dumps(line) + "\n")
             log.flush()
             os.fsync(log.fileno())
@@ -94,19 +135,32 @@ class EvalRun:
 
     def summary(self) -> dict:
         summary = summarize(self.label, "mw", self.done)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if run_thresholds.LINE_KEY in self.done[-1]:  # where online adaptation left the skips
+            summary[run_thresholds.LINE_KEY] = self.done[-1][run_thresholds.LINE_KEY]
+        write_json(self.out / SUMMARY_FILE, summary)
         return summary
 
 
-def evaluate(policy: VLAPolicy, method_label: str, cfg: EvalConfig, out: Path, progress: bool = True) -> dict:
+def evaluate(policy: VLAPolicy, method_label: str, cfg: EvalConfig, out: Path, progress: bool = True,
+             identity: dict | None = None, persist_thresholds: bool = False) -> dict:
+    """Run the pending episodes into `out` and summarize. `persist_thresholds`: once all episodes
+    are done, merge the online skip thresholds into the datastore manifest (else it is not written)."""
     from tqdm import tqdm
 
-    run = EvalRun(method_label, cfg, out)
-    bar = tqdm(run.pending(), desc=f"eval {method_label}", unit="ep", disable=not progress)
-    for task, i in bar:
-        run.run(policy, task, i)
-        bar.set_postfix(sr=f"{run.sr:.2f}")
-    return run.summary()
+    from heisd.retrieval.online import check_persistable
+
+    if persist_thresholds:
+        check_persistable(policy.skip_thresholds())
+    with EvalRun(method_label, cfg, out, identity) as run:
+        run.attach(policy)
+        bar = tqdm(run.pending(), desc=f"eval {method_label}", unit="ep", disable=not progress)
+        for task, i in bar:
+            run.run(policy, task, i)
+            bar.set_postfix(sr=f"{run.sr:.2f}")
+        summary = run.summary()
+        if persist_thresholds:
+            run.persist_thresholds(policy)
+    return summary
 
 
 def run_episode(env, policy: VLAPolicy, layout_seed: int, execute: int = 0) -> dict:
@@ -116,6 +170,10 @@ def run_episode(env, policy: VLAPolicy, layout_seed: int, execute: int = 0) -> d
     moved = [info["ee_pos"]]  # positions since the last inference: the kinematic window's steps
     while not (success or truncated):
         actions, record = policy.act(obs["image"], obs["state"], moved)
+        if not np.all(np.isfinite(actions)):  # MuJoCo would turn it into a silent reset
+            raise InputError(f"the policy returned a non-finite action at control step {len(records)} "
+                             f"({np.asarray(actions).tolist()}); the episode was stopped before the simulator "
+                             "(check the checkpoint's norm_stats.json)")
         records.append(record)
         ee_path.append([round(float(x), 5) for x in info["ee_pos"]])
         moved, todo = [], actions[: execute or len(actions)]

@@ -188,21 +188,22 @@ def _retrieval_proposer(cfg: MethodConfig, vla, datastore, fallback, vocab):
 
 def _switch(cfg: MethodConfig, datastore, n_tokens: int):
     from heisd.kinematics import CostAwareSwitch, KinematicConfig, KinematicStats, KinematicSwitch
+    from heisd.retrieval import DatastoreError
 
     extras = datastore.extras
     if "kinematic_stats" not in extras:
-        raise ValueError(f"datastore {cfg.datastore} has no kinematic statistics (rebuild it with build-datastore)")
+        raise DatastoreError(cfg.datastore, "has no kinematic statistics (rebuild it with build-datastore)")
     kcfg = KinematicConfig(**extras.get("kinematic_config", {}))
     stats = KinematicStats.from_dict(extras["kinematic_stats"])
     if cfg.switch == "cost":
         if "calibration_frames" not in extras:
-            raise ValueError(f"datastore {cfg.datastore} is not calibrated: run `heisd calibrate` "
-                             "(or use --switch threshold with --switch-threshold)")
+            raise DatastoreError(cfg.datastore, "is not calibrated: run `heisd calibrate` "
+                                 "(or use --switch threshold with --switch-threshold)")
         return CostAwareSwitch(kcfg, stats, extras["calibration_frames"], n_tokens)
     threshold = cfg.switch_threshold
     if threshold is None:
         if "hybrid" not in extras:
-            raise ValueError(f"datastore {cfg.datastore} has no calibrated switch threshold: run `heisd calibrate` "
-                             "or pass --switch-threshold")
+            raise DatastoreError(cfg.datastore, "has no calibrated switch threshold: run `heisd calibrate` "
+                                 "or pass --switch-threshold")
         threshold = float(extras["hybrid"]["threshold"])
     return KinematicSwitch(dataclasses.replace(kcfg, threshold=threshold), stats)

@@ -22,8 +22,11 @@ def plot_all(summaries: list[dict], out: Path) -> list[Path]:
 def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
+    from heisd.storage import atomic_file
+
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return path
 

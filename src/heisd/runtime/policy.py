@@ -52,12 +52,16 @@ class VLAPolicy:
         self._tracker = switch.make_tracker() if switch is not None else None
 
     def end_episode(self, success: bool) -> None:
-        """Adaptive verify-skip learns from task outcomes (DESIGN 2.3)."""
+        """Adaptive verify-skip learns from task outcomes (DESIGN 2.3), in memory."""
+        for skip in self.skip_thresholds():
+            skip.update(success)
+
+    def skip_thresholds(self) -> list:
+        """The adaptive thresholds (verify-skip, prefill skip) this policy's method uses."""
         retrieval = self.decoders.retrieval
-        if retrieval is not None:
-            for skip in (retrieval.verify_skip, retrieval.prefill_skip):
-                if skip is not None:
-                    skip.update(success)
+        if retrieval is None:
+            return []
+        return [skip for skip in (retrieval.verify_skip, retrieval.prefill_skip) if skip is not None]
 
     @torch.inference_mode()
     def act(self, image: np.ndarray, state: np.ndarray,

@@ -12,8 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from heisd.errors import InputError
 from heisd.runtime.metrics import decoding_metrics, episode_steps, latency_stats
 from heisd.runtime.policy import VLAPolicy
+from heisd.storage import OutputKind
+from heisd.storage.guard import has_file
+
+REPLAY_FILE = "replay.json"
+REPLAY_RUN = OutputKind("replay", has_file(REPLAY_FILE), files=(REPLAY_FILE,))
 
 
 def replay_frames(paths: list[str | Path], frames: int, stride: int):
@@ -58,7 +64,7 @@ def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: li
         bins = np.abs(tokenizer.vocab.bin(ours.astype(int)) - tokenizer.vocab.bin(greedy.astype(int)))
         rows.append((rec, (ours != greedy).mean(), bins.mean(), bins.max(), ep.task, bins))
     if not rows:
-        raise ValueError(f"no frames to replay in {[str(p) for p in paths]}")
+        raise InputError(f"no frames to replay in {[str(p) for p in paths]}")
     ar = latency_stats(ar_latencies)
     result = {"method": method_label, "frames": len(rows), "tasks": sorted({r[4] for r in rows}),
               **decoding_metrics([episode_steps([r[0] for r in rows])])}

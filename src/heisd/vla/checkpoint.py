@@ -1,19 +1,25 @@
-"""VLA checkpoints: a directory with config.json, model.safetensors, norm_stats.json, tokenizer.json."""
+"""VLA checkpoints: a directory with config.json, model.safetensors, norm_stats.json, tokenizer.json.
+
+The weights file's metadata records the token layout the model was trained with (text vocab,
+n_bins, action_dim, chunk); loading refuses a config.json that disagrees with it. The padded
+vocabulary would otherwise hide a changed n_bins, which silently changes every action.
+Checkpoints saved before that record was written are checked against train_info.json instead.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from heisd.errors import HeisdError
+from heisd.storage import atomic_files
 from heisd.vla.text_tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
@@ -24,9 +30,12 @@ WEIGHTS_FILE = "model.safetensors"
 NORM_STATS_FILE = "norm_stats.json"
 TOKENIZER_FILE = "tokenizer.json"
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, NORM_STATS_FILE, TOKENIZER_FILE)
+LAYOUT_FIELDS = ("text_vocab_size", "n_bins", "action_dim", "chunk")  # what decides the action tokens
+LAYOUT_METADATA = "heisd_layout"  # weights-file metadata key: those fields as trained, JSON
+TRAIN_INFO_FILE = "train_info.json"  # older checkpoints: its model_config has the layout
 
 
-class CheckpointError(ValueError):
+class CheckpointError(HeisdError, ValueError):
     """A VLA checkpoint directory is missing, corrupt or inconsistent."""
 
 
@@ -34,24 +43,49 @@ def _state(model: "VLA") -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
+def _layout(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: config.get(k) for k in LAYOUT_FIELDS}
+
+
 def save_vla(model: "VLA", directory: Path) -> None:
-    """Write all files to a temp dir, then rename each into place (atomic per file).
+    """Write all files, then rename them into place together.
 
     A reader never sees a half-written file; other files in `directory` (training logs,
     train_state.pt) are left alone.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".ckpt-", dir=directory))
-    try:
-        (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2))
-        (tmp / NORM_STATS_FILE).write_text(json.dumps(model.norm_stats.to_dict(), indent=2))
-        model.text_tokenizer.save(tmp / TOKENIZER_FILE)
-        save_file(_state(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        for name in CHECKPOINT_FILES:
-            os.chmod(tmp / name, 0o644)  # safetensors writes 0600; checkpoints are shared read-only
-            os.replace(tmp / name, directory / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    config = model.config.to_dict()
+    with atomic_files(directory, CHECKPOINT_FILES) as tmp:
+        tmp[CONFIG_FILE].write_text(json.dumps(config, indent=2))
+        tmp[NORM_STATS_FILE].write_text(json.dumps(model.norm_stats.to_dict(), indent=2))
+        model.text_tokenizer.save(tmp[TOKENIZER_FILE])
+        save_file(_state(model), str(tmp[WEIGHTS_FILE]),
+                  metadata={"format": "pt", LAYOUT_METADATA: json.dumps(_layout(config))})
+        for path in tmp.values():
+            os.chmod(path, 0o644)  # safetensors writes 0600; checkpoints are shared read-only
+
+
+def _trained_layout(directory: Path) -> tuple[dict[str, Any] | None, str]:
+    """The token layout the weights were trained with, and where it was read from (None if unrecorded)."""
+    with safe_open(str(directory / WEIGHTS_FILE), "pt") as f:
+        recorded = (f.metadata() or {}).get(LAYOUT_METADATA)
+    if recorded is not None:
+        return json.loads(recorded), WEIGHTS_FILE
+    info = directory / TRAIN_INFO_FILE
+    if info.is_file():
+        config = _read_json(info).get("model_config")
+        if isinstance(config, dict):
+            return _layout(config), TRAIN_INFO_FILE
+    return None, ""
+
+
+def _check_layout(directory: Path, config: dict[str, Any]) -> None:
+    trained, source = _trained_layout(directory)
+    if trained is None:
+        return
+    diff = [f"{k} {config.get(k)!r} vs {trained[k]!r}" for k in LAYOUT_FIELDS if config.get(k) != trained[k]]
+    if diff:
+        raise CheckpointError(f"{directory}: {CONFIG_FILE} disagrees with the model as trained ({source}): "
+                              + ", ".join(diff) + "; restore the original config.json")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -70,7 +104,8 @@ def load_vla(directory: Path) -> "VLA":
     if missing:
         raise CheckpointError(f"VLA checkpoint {directory} lacks {', '.join(missing)}")
     try:
-        config = VLAConfig.from_dict(_read_json(directory / CONFIG_FILE))
+        raw_config = _read_json(directory / CONFIG_FILE)
+        config = VLAConfig.from_dict(raw_config)
         norm_stats = NormStats.from_dict(_read_json(directory / NORM_STATS_FILE))
         tokenizer = TextTokenizer.load(directory / TOKENIZER_FILE)
         model = VLA(config, norm_stats, tokenizer)
@@ -78,6 +113,7 @@ def load_vla(directory: Path) -> "VLA":
         raise CheckpointError(f"invalid VLA checkpoint {directory}: {e}") from e
     try:
         weights = load_file(str(directory / WEIGHTS_FILE))
+        _check_layout(directory, raw_config)
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"corrupt {WEIGHTS_FILE} in {directory}: {e}") from e
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}

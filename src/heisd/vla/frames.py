@@ -7,6 +7,7 @@ last action (the robot holds its last command once the task is done).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -50,15 +51,20 @@ class EpisodeRecord:
     actions: np.ndarray  # float32 [T, A]
 
 
-def read_episodes(paths: Sequence[str | Path], image_size: int,
-                  benchmark: str | None = None) -> tuple[list[EpisodeRecord], int]:
-    """Successful episodes of all files (resized to image_size), and how many failed ones were dropped.
+def read_episodes(paths: Sequence[str | Path], image_size: int, benchmark: str | None = None,
+                  skip_invalid: bool = False) -> tuple[list[EpisodeRecord], int, int]:
+    """Successful episodes of all files (resized to image_size), how many failed ones were dropped,
+    and how many invalid ones `skip_invalid` left out (else an invalid episode is an error).
 
     Failed demonstrations are dropped: behaviour cloning would imitate the failure.
     """
-    records, dropped = [], 0
+    records, dropped, invalid = [], 0, 0
     for path in paths:
-        with DemoFile(path) as f:
+        with DemoFile(path, skip_invalid) as f:
+            if f.skipped:
+                invalid += len(f.skipped)
+                print(f"{path}: left out {len(f.skipped)} invalid episodes: "
+                      + "; ".join(f"{k} {v}" for k, v in f.skipped.items()), file=sys.stderr)
             found = f.attrs.get("benchmark")
             if benchmark is not None and found is not None and found != benchmark:
                 raise DemoFormatError(f"{path}: demonstrations of benchmark {found!r}, not {benchmark!r}")
@@ -69,7 +75,7 @@ def read_episodes(paths: Sequence[str | Path], image_size: int,
                 records.append(_record(f"{Path(path).name}:{ep.name}", ep, image_size))
     if not records:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in paths]}")
-    return records, dropped
+    return records, dropped, invalid
 
 
 def _record(name: str, ep: Episode, image_size: int) -> EpisodeRecord:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from heisd.config_types import check_types
 from heisd.targets.base import TargetSpec, TeacherForced
 from heisd.vla.action_tokenizer import ActionTokenizer
 from heisd.vla.text_tokenizer import TextTokenizer
@@ -72,6 +73,7 @@ class VLAConfig:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown VLAConfig fields: {sorted(unknown)}")
+        check_types(cls, d, "VLAConfig")
         d = dict(d)
         if "vision_channels" in d:
             d["vision_channels"] = tuple(d["vision_channels"])
@@ -101,6 +103,11 @@ class NormStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NormStats":
         arrays = {k: np.asarray(d[k], dtype=np.float64) for k in ("q01", "q99", "state_mean", "state_std")}
+        for key, values in arrays.items():
+            if values.ndim != 1 or not np.isfinite(values).all():
+                raise ValueError(f"norm stats {key} must be a list of finite numbers, got {d[key]}")
+        if (arrays["state_std"] <= 0).any():
+            raise ValueError(f"norm stats state_std must be > 0, got {d['state_std']}")
         return cls(**arrays, extra=d.get("extra", {}))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +20,10 @@ import torch
 from tqdm import tqdm
 
 from heisd.data.dataset import compute_action_stats
+from heisd.errors import InputError, UsageError
+from heisd.storage import OutputKind, atomic_file, check_output, clear_output, directory_lock, write_json, write_text
+from heisd.storage.guard import has_file, json_with
+from heisd.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
 from heisd.vla.frames import EpochSampler, Frames, build_frames, read_episodes
 from heisd.vla.model import VLA, NormStats, VLAConfig
 from heisd.vla.text_tokenizer import TextTokenizer
@@ -28,6 +31,9 @@ from heisd.vla.text_tokenizer import TextTokenizer
 TRAIN_STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"
 INFO_FILE = "train_info.json"
+TRAINING_RUN = OutputKind(
+    "VLA checkpoint", lambda p: has_file(TRAIN_STATE_FILE, INFO_FILE)(p) or json_with(CONFIG_FILE, "text_vocab_size")(p),
+    files=(*CHECKPOINT_FILES, TRAIN_STATE_FILE, LOG_FILE, INFO_FILE))
 
 
 @dataclass
@@ -99,8 +105,9 @@ def _split(n_episodes: int, val_fraction: float, seed: int) -> tuple[list[int], 
     return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 
-def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructions: Sequence[str]) -> VLA:
-    stats = compute_action_stats(paths)
+def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructions: Sequence[str],
+               skip_invalid: bool) -> VLA:
+    stats = compute_action_stats(paths, skip_invalid)
     states = np.concatenate([r.states for r in records])
     norm = NormStats(q01=stats.q01, q99=stats.q99, state_mean=states.mean(0),
                      state_std=np.maximum(states.std(0), 1e-2),  # floor: a near-constant dim must not blow up
@@ -112,12 +119,6 @@ def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructi
     return VLA(config, norm, text)
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
-
-
 @dataclass
 class _Setup:
     model: VLA
@@ -125,44 +126,58 @@ class _Setup:
     val_frames: Frames | None
     data: dict  # episode/frame counts, checked again on resume
     dropped: int  # failed demonstrations left out
+    invalid: int  # demonstrations with unusable data left out (skip_invalid)
     state: dict | None  # train_state.pt contents when resuming
 
 
 def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides: dict, resume: bool,
-           benchmark: str | None, instructions: Sequence[str]) -> tuple[_Setup, TrainConfig]:
+           benchmark: str | None, instructions: Sequence[str], skip_invalid: bool) -> tuple[_Setup, TrainConfig]:
     state, model = None, None
     if resume:
         if not (out / TRAIN_STATE_FILE).is_file():
-            raise FileNotFoundError(f"--resume: no {TRAIN_STATE_FILE} in {out}")
+            raise UsageError(f"--resume: no {TRAIN_STATE_FILE} in {out} (nothing to continue)")
         state = torch.load(out / TRAIN_STATE_FILE, weights_only=True)
         cfg = TrainConfig(**{**state["train_config"], "steps": cfg.steps, "eval_every": cfg.eval_every,
                              "save_every": cfg.save_every})  # the trajectory-defining settings stay as saved
         model = VLA.from_pretrained(out)
         model.load_state_dict(state["model"])
     image_size = model.config.image_size if model else VLAConfig(0, **overrides).image_size
-    records, dropped = read_episodes(paths, image_size, benchmark)
+    records, dropped, invalid = read_episodes(paths, image_size, benchmark, skip_invalid)
     if model is None:
-        model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions)
+        model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions, skip_invalid)
     train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)
     frames = [build_frames([records[i] for i in eps], model.text_tokenizer, model.action_tokenizer,
                            model.config.chunk) if eps else None for eps in (train_eps, val_eps)]
     data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(frames[0]),
             "val_frames": len(frames[1]) if frames[1] else 0}
     if state is not None and state["data"] != data:
-        raise ValueError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
-    return _Setup(model, frames[0], frames[1], data, dropped, state), cfg
+        raise InputError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
+    return _Setup(model, frames[0], frames[1], data, dropped, invalid, state), cfg
 
 
 def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
-          resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = ()) -> dict:
+          resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = (),
+          overwrite: bool = False, skip_invalid: bool = False) -> dict:
     """Train (or resume) and return the last logged metrics.
 
     `instructions`: extra instructions (the benchmark's task registry) for the text tokenizer,
     besides those found in the demonstrations. `benchmark`: demo files must say the same.
+    An existing run in `out` needs `resume` (continue it) or `overwrite` (its files are removed
+    when this run starts); `out` holds the lock meanwhile. `skip_invalid`: leave out episodes
+    with unusable data instead of refusing them.
     """
+    out = Path(out)
+    replace = not resume and check_output(out, TRAINING_RUN, overwrite, resume_flag="--resume")
+    with directory_lock(out):
+        if replace:
+            clear_output(out, TRAINING_RUN)
+        return _train(paths, out, cfg, chunk, model_overrides, resume, benchmark, instructions, skip_invalid)
+
+
+def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_overrides: dict | None,
+           resume: bool, benchmark: str | None, instructions: Sequence[str], skip_invalid: bool) -> dict:
     wall0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    setup, cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions)
+    setup, cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions, skip_invalid)
     model, train_frames, val_frames, data, state = (setup.model, setup.train_frames, setup.val_frames,
                                                     setup.data, setup.state)
     model.train()
@@ -179,7 +194,7 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     _truncate_log(out / LOG_FILE, step)
 
     info = {"command": " ".join(sys.argv), "seed": cfg.seed, "demos": [str(p) for p in paths], **data,
-            "dropped_failed_episodes": setup.dropped, "threads": torch.get_num_threads(),
+            "dropped_failed_episodes": setup.dropped, "dropped_invalid_episodes": setup.invalid, "threads": torch.get_num_threads(),
             "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
             "model_config": model.config.to_dict()}
     metrics: dict = {}
@@ -216,7 +231,7 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
                                "model": model.state_dict(), "optimizer": opt.state_dict(),
                                "scheduler": sched.state_dict(), "sampler": sampler.state_dict(),
                                "torch_rng": torch.get_rng_state()})
-            _write_json_atomic(out / INFO_FILE, {**info, "step": step, "train_time_s": round(now, 1),
+            write_json(out / INFO_FILE, {**info, "step": step, "train_time_s": round(now, 1),
                                                  "wall_time_s": round(time.perf_counter() - wall0, 1),
                                                  "fingerprint": model.fingerprint(), "last_metrics": metrics})
     bar.close()
@@ -227,9 +242,8 @@ def _save(model: VLA, out: Path, train_state: dict) -> None:
     """Checkpoint files first, train_state last: resume reads the weights from train_state,
     so a crash in between leaves a consistent (older) resume point."""
     model.save_pretrained(out)
-    tmp = out / (TRAIN_STATE_FILE + ".tmp")
-    torch.save(train_state, tmp)
-    os.replace(tmp, out / TRAIN_STATE_FILE)
+    with atomic_file(out / TRAIN_STATE_FILE) as tmp:
+        torch.save(train_state, tmp)
 
 
 def _truncate_log(path: Path, step: int) -> None:
@@ -237,4 +251,4 @@ def _truncate_log(path: Path, step: int) -> None:
     if not path.is_file():
         return
     lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in lines))
+    write_text(path, "".join(ln + "\n" for ln in lines))
