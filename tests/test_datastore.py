@@ -11,6 +11,7 @@ import pytest
 
 from heisd.retrieval import (GLOBAL_COLLECTION, Datastore, DatastoreError, DatastoreWriter,
                              IndexConfig, benchmark_index)
+from heisd.errors import OutputError
 from heisd.retrieval import datastore as datastore_module
 from heisd.retrieval.entries import PAYLOAD_FIELDS
 
@@ -169,7 +170,7 @@ def test_finalize_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(datastore_module.faiss, "write_index", real_write)
     path = writer.finalize(tmp_path / "ds")
-    with pytest.raises(DatastoreError, match="already exists"):
+    with pytest.raises(OutputError, match="already holds"):
         writer.finalize(path)
     writer.finalize(path, overwrite=True, extras={"v": 2})
     assert Datastore.load(path).extras == {"v": 2}

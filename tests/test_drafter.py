@@ -268,7 +268,7 @@ def test_batched_rollout_matches_the_decode_loop(tmp_path):
     """Left-padded batched generation gives each frame the tokens and features of its own decode."""
     vla, demos = tiny_vla(), tmp_path / "demos.hdf5"
     write_demos(demos, n_episodes=2, t=2)
-    records, _ = read_episodes([demos], vla.config.image_size)
+    records, _, _ = read_episodes([demos], vla.config.image_size)
     frames = build_frames(records, vla.text_tokenizer, vla.action_tokenizer, vla.config.chunk)
     feats = vla_features(vla, frames, batch_size=4, desc="test")
     decoder = SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(N, vla.config.vocab_size, 256))
@@ -299,6 +299,7 @@ def test_train_drafter_command(tmp_path):
     assert drafter.config.target_fingerprint == vla.fingerprint()
     features_written = (out / "features.safetensors").stat().st_mtime_ns
     time.sleep(0.01)
-    assert main(argv) == 0  # a rerun reuses the generated features
+    assert main(argv) == 1  # the trained drafter is not replaced without --overwrite
+    assert main([*argv, "--overwrite"]) == 0  # a rerun reuses the generated features
     assert json.loads((out / "train_info.json").read_text())["features_cached"]
     assert (out / "features.safetensors").stat().st_mtime_ns == features_written

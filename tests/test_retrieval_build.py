@@ -125,14 +125,15 @@ def test_kinematic_stats_and_layout_in_extras(built) -> None:
                                              "vocab_size": built["vla"].config.vocab_size}
 
 
-def test_fingerprint_mismatch_is_refused(built, tmp_path) -> None:
+def test_fingerprint_mismatch_is_refused(built, tmp_path, capsys) -> None:
     other = tiny_vla(seed=1)
     with pytest.raises(DatastoreError, match="built for target"):
         open_datastore(built["store"], other)
     other.save_pretrained(tmp_path / "other")
-    with pytest.raises(DatastoreError, match="built for target"):
-        main(["calibrate", "--target", str(tmp_path / "other"), "--datastore", str(built["store"]),
-              "--demos", str(built["demos"]), "--threads", "1"])
+    write_demos(tmp_path / "heldout.hdf5", episodes=2, seed=5)
+    assert main(["calibrate", "--target", str(tmp_path / "other"), "--datastore", str(built["store"]),
+                 "--demos", str(tmp_path / "heldout.hdf5"), "--threads", "1"]) == 1
+    assert "built for target" in capsys.readouterr().err
 
 
 def test_calibrate_stores_theta_and_threshold(built, tmp_path, capsys) -> None:
@@ -211,8 +212,9 @@ def test_calibrate_decodes_drafter_mode_as_the_method_runs_it(built, tmp_path) -
     copy = tmp_path / "store"
     shutil.copytree(built["store"], copy)
     tree = ["--tree-depth", "2", "--tree-budget", "3"]
+    write_demos(tmp_path / "heldout.hdf5", episodes=2, seed=5)
     rc = main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
-               "--demos", str(built["demos"]), "--frames", "6", "--threads", "1",
+               "--demos", str(tmp_path / "heldout.hdf5"), "--frames", "6", "--threads", "1",
                "--drafter", str(tmp_path / "drafter"), *tree])
     extras = json.loads((copy / "manifest.json").read_text())["extras"]
     assert rc == 0 and extras["hybrid"]["drafter"] == "drafter"

@@ -10,6 +10,7 @@ import torch
 from helpers import tiny_vla, write_demo_file
 
 from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
+from heisd.errors import OutputError
 from heisd.runtime.evaluation import EvalConfig, evaluate
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.metrics import BREAKDOWN_KEYS
@@ -79,7 +80,7 @@ def test_eval_summary_determinism_and_resume(tmp_path):
     assert [key(x) for x in again] == [key(x) for x in lines]  # same seeds, same episodes
     assert resumed["episodes"] == 4 and resumed["sr"] == full["sr"]
 
-    with pytest.raises(ValueError, match="other settings"):
+    with pytest.raises(OutputError, match=r"other settings \(episodes: 2 -> 1; tasks"):
         evaluate(ar_policy(vla), "ar", EvalConfig(("reach-v3",), 1, seed=3, max_steps=8, image_size=32),
                  tmp_path / "a", progress=False)
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from heisd.data.dataset import DemoFormatError
 from heisd.vla import VLA, ActionTokenizer, CheckpointError, NormStats, TextTokenizer, VLAConfig
 from heisd.vla.frames import chunk_targets
 from heisd.vla.vision import random_shift, resize_images
@@ -213,7 +212,7 @@ def log(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
-def test_training_lowers_loss_and_resume_continues_exactly(tmp_path):
+def test_training_lowers_loss_and_resume_continues_exactly(tmp_path, capsys):
     demos = tmp_path / "demos.hdf5"
     write_demos(demos)
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -228,8 +227,8 @@ def test_training_lowers_loss_and_resume_continues_exactly(tmp_path):
     assert info["train_episodes"] == 6 and info["val_episodes"] == 2 and info["train_frames"] == 72
     assert info["fingerprint"] == VLA.from_pretrained(straight).fingerprint()
 
-    with pytest.raises(DemoFormatError, match="benchmark 'mw', not 'libero'"):
-        run_train(demos, tmp_path / "wrong", 40, benchmark="libero")
+    assert run_train(demos, tmp_path / "wrong", 40, benchmark="libero") == 1
+    assert "benchmark 'mw', not 'libero'" in capsys.readouterr().err
 
     # a run killed right after its step-20 checkpoint, with a log line written after it
     from heisd.vla import train as train_module
@@ -248,8 +247,9 @@ def test_training_lowers_loss_and_resume_continues_exactly(tmp_path):
         train_module._save = save
     with open(split / "train_log.jsonl", "a") as f:
         f.write(json.dumps({"step": 30, "train_loss": 0.0}) + "\n")
-    with pytest.raises(SystemExit, match="already holds"):
-        run_train(demos, split, 40)
+    capsys.readouterr()
+    assert run_train(demos, split, 40) == 1
+    assert "already holds a heisd VLA checkpoint; pass --overwrite to replace it or --resume" in capsys.readouterr().err
     assert run_train(demos, split, 40, resume=True) == 0
     assert [r["step"] for r in log(split)] == [10, 20, 30, 40]
     assert log(split)[-1]["train_loss"] == pytest.approx(lines[-1]["train_loss"], rel=1e-6)
