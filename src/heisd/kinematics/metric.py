@@ -10,6 +10,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from heisd.errors import InputError
+
 STILL_EPS = 1e-9  # metres: a window whose points spread less than this did not move
 COLLINEAR_EPS = 1e-6  # second singular value / first below this: a straight segment
 
@@ -99,7 +101,7 @@ class KinematicStats:
                 rs.append(curvature_radius(win, config.r_cap, config.refine_iters))
                 ds.append(path_length(win))
         if not rs:
-            raise ValueError(f"no trajectory has the {config.window} positions one window needs")
+            raise InputError(f"no demonstration episode has the {config.window} steps one kinematic window needs")
         return cls(r_min=float(np.min(rs)), r_p95=float(np.percentile(rs, 95)),
                    d_min=float(np.min(ds)), d_p95=float(np.percentile(ds, 95)),
                    window=config.window, r_cap=config.r_cap, n_windows=len(rs))

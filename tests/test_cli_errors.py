@@ -1,0 +1,105 @@
+"""The command line on bad input: one line on stderr naming the flag / file, exit 1 (2 for
+usage), no traceback unless --debug or HEISD_DEBUG=1 asks for it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+from helpers import tiny_vla, write_demo_file
+
+from heisd.cli import main
+from heisd.retrieval import build_datastore
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("cli")
+    vla = tiny_vla()
+    vla.save_pretrained(root / "vla")
+    write_demo_file(root / "demos.hdf5", ["reach-v3"], episodes=2, steps=20)
+    build_datastore(vla, [root / "demos.hdf5"], root / "store")
+    (root / "notes.txt").write_text("not a demonstration file")
+    (root / "photos").mkdir()
+    (root / "photos" / "cat.jpg").write_text("x")
+    with h5py.File(root / "theirs.hdf5", "w") as f:
+        f.create_group("data")
+    names = {"vla": "vla", "demos": "demos.hdf5", "store": "store", "notes": "notes.txt", "photos": "photos",
+             "theirs": "theirs.hdf5"}
+    return {key: str(root / name) for key, name in names.items()} | {"root": str(root)}
+
+
+EVAL = ["eval", "--target", "{vla}", "--tasks", "reach-v3", "--out", "{root}/ev"]
+CASES = [  # argv, exit code, what the one line must say
+    (EVAL + ["--episodes", "0"], 2, "--episodes must be >= 1, got 0"),
+    (EVAL + ["--max-steps", "0"], 2, "--max-steps must be >= 1, got 0"),
+    (EVAL + ["--execute", "-1"], 2, "--execute must be >= 0, got -1"),
+    (EVAL + ["--execute", "3"], 2, "--execute 3 exceeds the target's action chunk (2)"),
+    (EVAL + ["--tree-depth", "0"], 2, "--tree-depth must be >= 1, got 0"),
+    (EVAL + ["--switch-threshold", "nan"], 2, "--switch-threshold must be a finite number >= 0, got nan"),
+    (EVAL + ["--method", "specvla"], 2, "needs a drafter (--drafter DIR)"),
+    (["eval", "--target", "{vla}", "--tasks", "fly-v3", "--out", "{root}/ev"], 2, "unknown mw task 'fly-v3'"),
+    (["eval", "--target", "{root}/missing", "--out", "{root}/ev"], 1, "no VLA checkpoint directory at"),
+    (EVAL + ["--bogus"], 2, "unrecognized arguments: --bogus"),
+    (["build-datastore", "--target", "{vla}", "--demos", "{demos}", "{demos}", "--out", "{root}/s"], 2,
+     "--demos lists the same file twice"),
+    (["build-datastore", "--target", "{vla}", "--demos", "{notes}", "--out", "{root}/s"], 1,
+     "notes.txt: not a readable HDF5 file"),
+    (["build-datastore", "--target", "{vla}", "--demos", "{demos}", "--out", "{photos}", "--overwrite"], 1,
+     "photos exists and is not a heisd datastore; heisd never replaces it"),
+    (["build-datastore", "--target", "{vla}", "--demos", "{demos}", "--out", "{store}"], 1,
+     "store already holds a heisd datastore; pass --overwrite to replace it"),
+    (["demos", "--tasks", "reach-v3", "--out", "{theirs}", "--overwrite"], 1,
+     "theirs.hdf5 exists and is not a heisd demonstration file"),
+    (["train-vla", "--demos", "{demos}", "--out", "{root}/t", "--resume", "--overwrite"], 2,
+     "--resume continues the run in --out, --overwrite replaces it"),
+    (["train-vla", "--demos", "{root}/none.hdf5", "--out", "{root}/t"], 2, "--demos {root}/none.hdf5: no such file"),
+    (["calibrate", "--target", "{vla}", "--datastore", "{store}", "--demos", "{demos}"], 1,
+     "store was built from this file"),
+]
+
+
+@pytest.mark.parametrize("argv, code, message", CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in CASES])
+def test_bad_input_gives_one_line_and_the_exit_code(files, capsys, argv, code, message) -> None:
+    try:
+        rc = main([a.format(**files) for a in argv])
+    except SystemExit as exit_:  # argparse's own errors exit from the parser
+        rc = exit_.code
+    assert rc == code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert message.format(**files) in lines[0] and lines[0].startswith("heisd")
+
+
+def test_argparse_errors_are_one_line_with_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--episodes", "many"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert "argument --episodes: invalid int value: 'many'" in err and "see heisd eval --help" in err
+
+
+def test_debug_shows_the_traceback(files, capsys, monkeypatch) -> None:
+    argv = ["eval", "--target", files["root"] + "/missing", "--out", files["root"] + "/ev"]
+    assert main([*argv, "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "CheckpointError" in err and err.rstrip().endswith(
+        f"no VLA checkpoint directory at {files['root']}/missing")
+    monkeypatch.setenv("HEISD_DEBUG", "1")
+    assert main(argv) == 1 and "Traceback" in capsys.readouterr().err
+    monkeypatch.setenv("HEISD_DEBUG", "0")
+    assert main(argv) == 1 and "Traceback" not in capsys.readouterr().err
+
+
+def test_a_real_process_exits_with_the_code(files) -> None:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run([sys.executable, "-m", "heisd.cli", "eval", "--episodes", "0", "--out", files["root"] + "/ev"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr == "heisd eval: error: --episodes must be >= 1, got 0\n"
