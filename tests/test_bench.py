@@ -43,7 +43,10 @@ def test_bench_quick_smoke(resources):
     # 24 env steps: the kinematic window (15) fills, so heisd runs retrieval mode too
     cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=24, image_size=32)
     out = tmp / "out"
+    manifest = (tmp / "datastore" / "manifest.json").read_bytes()
     summaries = run_bench(vla, configs, cfg, out, progress=False)
+    assert (tmp / "datastore" / "manifest.json").read_bytes() == manifest  # read-only at run time
+    assert all((out / s["dir"] / "run.json").is_file() for s in summaries)
     assert [s["method"] for s in summaries] == labels
     assert summaries[0]["speedup"] == 1.0
     ar_latency = summaries[0]["latency_ms"]["median"]

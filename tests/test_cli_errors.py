@@ -47,6 +47,7 @@ CASES = [  # argv, exit code, what the one line must say
     (["eval", "--target", "{vla}", "--tasks", "fly-v3", "--out", "{root}/ev"], 2, "unknown mw task 'fly-v3'"),
     (["eval", "--target", "{root}/missing", "--out", "{root}/ev"], 1, "no VLA checkpoint directory at"),
     (EVAL + ["--bogus"], 2, "unrecognized arguments: --bogus"),
+    (["eval", "--target", "{vla}", "--out", "{notes}/ev"], 1, "notes.txt/ev: Not a directory"),  # an OSError
     (["build-datastore", "--target", "{vla}", "--demos", "{demos}", "{demos}", "--out", "{root}/s"], 2,
      "--demos lists the same file twice"),
     (["build-datastore", "--target", "{vla}", "--demos", "{notes}", "--out", "{root}/s"], 1,
@@ -103,3 +104,12 @@ def test_a_real_process_exits_with_the_code(files) -> None:
     done = subprocess.run([sys.executable, "-m", "heisd.cli", "eval", "--episodes", "0", "--out", files["root"] + "/ev"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr == "heisd eval: error: --episodes must be >= 1, got 0\n"
+
+
+def test_a_multi_line_message_is_printed_on_one_line() -> None:
+    from heisd.cli import _one_line
+    from heisd.errors import InputError
+
+    assert _one_line(InputError("demos.hdf5: cannot read\n  (truncated chunk)")) == \
+        "demos.hdf5: cannot read (truncated chunk)"
+    assert _one_line(FileNotFoundError(2, "No such file or directory", "x.hdf5")) == "x.hdf5: No such file or directory"

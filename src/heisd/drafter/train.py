@@ -27,16 +27,16 @@ from heisd.decoding.rollout import Features, greedy_rollout
 from heisd.drafter.model import CONFIG_FILE, WEIGHTS_FILE, Drafter, DrafterConfig, DrafterTarget, additive_mask
 from heisd.errors import InputError
 from heisd.storage import OutputKind, atomic_file, check_output, clear_output, directory_lock, write_json
-from heisd.storage.guard import has_file, json_with
+from heisd.storage.guard import json_with
 from heisd.vla import VLA
 from heisd.vla.frames import Frames, build_frames, read_episodes
 
 FEATURES_FILE = "features.safetensors"
 LOG_FILE = "train_log.jsonl"
 INFO_FILE = "train_info.json"
-DRAFTER_RUN = OutputKind(
-    "drafter", lambda p: has_file(INFO_FILE, WEIGHTS_FILE)(p) or json_with(CONFIG_FILE, "target_fingerprint")(p),
-    files=(CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, INFO_FILE), reusable=(FEATURES_FILE,))
+DRAFTER_RUN = OutputKind(  # the log and the feature cache alone are what an unfinished run leaves
+    "drafter", lambda p: json_with(CONFIG_FILE, "target_fingerprint")(p) or json_with(INFO_FILE, "drafter_config")(p),
+    files=(CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, INFO_FILE), reusable=(FEATURES_FILE, LOG_FILE))
 
 
 @dataclass(frozen=True)

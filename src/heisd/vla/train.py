@@ -32,8 +32,8 @@ TRAIN_STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"
 INFO_FILE = "train_info.json"
 TRAINING_RUN = OutputKind(
-    "VLA checkpoint", lambda p: has_file(TRAIN_STATE_FILE, INFO_FILE)(p) or json_with(CONFIG_FILE, "text_vocab_size")(p),
-    files=(*CHECKPOINT_FILES, TRAIN_STATE_FILE, LOG_FILE, INFO_FILE))
+    "VLA checkpoint", lambda p: has_file(TRAIN_STATE_FILE)(p) or json_with(CONFIG_FILE, "text_vocab_size")(p)
+    or json_with(INFO_FILE, "model_config")(p), files=(*CHECKPOINT_FILES, TRAIN_STATE_FILE, LOG_FILE, INFO_FILE))
 
 
 @dataclass
