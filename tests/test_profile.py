@@ -76,6 +76,11 @@ def test_profile_shipped_small_vla_with_its_drafter(tmp_path):
 def test_profile_random_openvla_tiny_shape(tmp_path):
     result = run_profile(tmp_path, "--random-openvla-7b", "--random-shape", "tiny")
     assert result["target"] == "random OpenVLA (tiny shape)" and result["llm_parameters"] > 0
+    again = ["profile", "--random-openvla-7b", "--random-shape", "tiny", "--out", str(tmp_path / "profile.json"),
+             "--repeats", "1", "--warmup", "0"]
+    assert main(again) == 1  # a measured profile is not replaced without --overwrite
+    assert json.loads((tmp_path / "profile.json").read_text()) == result
+    assert main([*again, "--overwrite"]) == 0
 
 
 def test_profile_errors_are_one_line(tiny_openvla_dir, tmp_path):

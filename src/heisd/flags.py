@@ -24,8 +24,9 @@ _FINITE_AT_LEAST_0: Rule = (lambda v: math.isfinite(v) and v >= 0, "must be a fi
 RULES: dict[str, Rule] = {
     **dict.fromkeys(("episodes", "frames", "steps", "batch_size", "threads", "workers", "k", "tree_topk",
                      "tree_depth", "tree_budget", "retrieval_k", "retrieval_budget", "eval_every", "save_every",
-                     "max_steps", "max_frames", "hidden_size", "layers", "image_size"), _AT_LEAST_1),
-    **dict.fromkeys(("seed", "execute", "relaxed_r", "warmup_steps"), _AT_LEAST_0),
+                     "max_steps", "max_frames", "hidden_size", "layers", "image_size", "shards", "repeats",
+                     "tree_sizes"), _AT_LEAST_1),
+    **dict.fromkeys(("seed", "execute", "relaxed_r", "warmup_steps", "warmup"), _AT_LEAST_0),
     **dict.fromkeys(("noise", "feature_weight", "token_weight", "switch_threshold", "thresholds"),
                     _FINITE_AT_LEAST_0),
     "lr": (lambda v: math.isfinite(v) and v > 0, "must be a finite number > 0"),

@@ -4,11 +4,14 @@ verification, drafter pass, datastore query), as JSON and a table."""
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 from pathlib import Path
 
+from heisd.storage import OutputKind, check_output, write_json
+from heisd.storage.guard import json_file_with
+
 HELP = "Measure the per-piece cost of a target (or a random OpenVLA-7B) on this device."
+PROFILE = OutputKind("profile", json_file_with("target", "device", "versions"))
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -22,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shape of the --random-openvla-7b model: the real 7b, or the tiny-openvla test shape "
                         "(a cheap dry run)")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing profile at --out")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and activations dtype")
     p.add_argument("--unnorm-key", default=None,
@@ -98,8 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from heisd.retrieval.manifest import DatastoreError
     from heisd.vla import CheckpointError
 
-    if args.repeats < 1 or args.warmup < 0 or min(args.tree_sizes) < 1:
-        raise SystemExit("--repeats must be >= 1, --warmup >= 0, --tree-sizes >= 1")
+    check_output(args.out, PROFILE, args.overwrite)
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -117,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
     result = {"target": name, "device": str(device), "device_name": _device_name(device), "dtype": args.dtype,
               "threads": torch.get_num_threads(),
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__}, **pieces}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(format_table(result))
     print(f"\nwrote {args.out}")
     return 0

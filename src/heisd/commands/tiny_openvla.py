@@ -18,8 +18,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from heisd.targets.openvla import write_tiny_openvla
 
-    if args.shards < 1:
-        raise SystemExit("--shards must be >= 1")
     if args.out.exists() and any(args.out.iterdir()):
         raise SystemExit(f"--out {args.out} is not empty; choose a new directory")
     files = write_tiny_openvla(args.out, seed=args.seed, shards=args.shards)

@@ -30,15 +30,21 @@ def has_file(*names: str) -> Callable[[Path], bool]:
     return lambda path: path.is_dir() and any((path / name).is_file() for name in names)
 
 
-def json_with(name: str, *keys: str) -> Callable[[Path], bool]:
-    """Recognize a directory by a JSON object file `name` holding all of `keys`."""
+def json_file_with(*keys: str) -> Callable[[Path], bool]:
+    """Recognize a JSON object file by its keys."""
     def recognize(path: Path) -> bool:
         try:
-            data = json.loads((path / name).read_text())
+            data = json.loads(path.read_text())
         except (OSError, ValueError):
             return False
         return isinstance(data, dict) and all(key in data for key in keys)
     return recognize
+
+
+def json_with(name: str, *keys: str) -> Callable[[Path], bool]:
+    """Recognize a directory by a JSON object file `name` holding all of `keys`."""
+    file_test = json_file_with(*keys)
+    return lambda path: file_test(path / name)
 
 
 def hdf5_with_attr(group: str, attr: str) -> Callable[[Path], bool]:

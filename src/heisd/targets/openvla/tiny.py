@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from heisd.storage import atomic_directory
 from heisd.targets.openvla.load import build_on_meta, file_shapes, read_parts
 from heisd.targets.openvla.standin_tokenizer import save_standin_tokenizer
 from heisd.targets.openvla.synthetic import NORM_STATS, config_dict, preprocessor_dict, random_tensors
@@ -34,16 +35,16 @@ def write_tiny_openvla(out: str | Path, seed: int = 0, shards: int = 2) -> dict[
         raise ValueError(f"shards must be >= 1, got {shards}")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty; tiny-openvla writes into a new or empty directory")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config_dict("tiny"), indent=2))
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor_dict(), indent=2))
-    save_standin_tokenizer(out)
-    parts = read_parts(out, unnorm_key=next(iter(NORM_STATS)))
-    expected, ignorable = file_shapes(build_on_meta(parts))
-    vocab = parts.config.vocab_size
-    tensors = random_tensors({**expected, **ignorable}, seed, torch.device("cpu"), STORAGE_DTYPE,
-                             range(vocab - parts.config.n_action_bins, vocab))
-    return _save_sharded(out, tensors, shards)
+    with atomic_directory(out) as tmp:  # an interrupted write leaves no half checkpoint
+        (tmp / "config.json").write_text(json.dumps(config_dict("tiny"), indent=2))
+        (tmp / "preprocessor_config.json").write_text(json.dumps(preprocessor_dict(), indent=2))
+        save_standin_tokenizer(tmp)
+        parts = read_parts(tmp, unnorm_key=next(iter(NORM_STATS)))
+        expected, ignorable = file_shapes(build_on_meta(parts))
+        vocab = parts.config.vocab_size
+        tensors = random_tensors({**expected, **ignorable}, seed, torch.device("cpu"), STORAGE_DTYPE,
+                                 range(vocab - parts.config.n_action_bins, vocab))
+        return _save_sharded(tmp, tensors, shards)
 
 
 def _save_sharded(out: Path, tensors: dict[str, torch.Tensor], shards: int) -> dict[str, int]:
