@@ -105,10 +105,9 @@ class EvalRun:
         return [(t, i) for t in self.cfg.tasks for i in range(self.cfg.episodes) if (t, i) not in finished]
 
     def run(self, policy: VLAPolicy, task: str, i: int) -> dict:
+        from heisd.benchmarks.mujoco_log import mujoco_log
         from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
         from heisd.data.demos import episode_seed
-
-        from heisd.benchmarks.mujoco_log import mujoco_log
 
         cfg = self.cfg
         layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
