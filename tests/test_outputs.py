@@ -62,7 +62,7 @@ def test_demos_need_overwrite_and_replace_only_heisd_files(tmp_path) -> None:
     assert out.stat().st_mtime_ns != first and siblings(out) == ["demos.hdf5"]
 
 
-def test_train_vla_overwrite_starts_afresh_and_keeps_foreign_files(tmp_path, capsys) -> None:
+def test_train_vla_overwrite_starts_afresh_and_keeps_foreign_files(tmp_path, capsys, monkeypatch) -> None:
     write_demo_file(tmp_path / "demos.hdf5", ["reach-v3", "push-v3"], episodes=2, steps=10)
     out = tmp_path / "run"
     argv = ["train-vla", "--demos", str(tmp_path / "demos.hdf5"), "--out", str(out), "--steps", "4",
@@ -74,6 +74,15 @@ def test_train_vla_overwrite_starts_afresh_and_keeps_foreign_files(tmp_path, cap
     assert main([*argv, "--overwrite", "--steps", "2"]) == 0  # not a resume: a new run of 2 steps
     assert [json.loads(x)["step"] for x in (out / "train_log.jsonl").read_text().splitlines()] == [2]
     assert (out / "notes.txt").read_text() == "my notes on this run"
+    # the old run goes when the new one starts: one interrupted before its first save leaves no mix
+    from heisd.vla import train as train_module
+
+    def interrupted(*args) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "_save", interrupted)
+    assert main([*argv, "--overwrite"]) == 130
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "train_log.jsonl"]
 
 
 def test_each_output_kind_recognizes_its_own_outputs_only(tmp_path) -> None:

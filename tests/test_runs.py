@@ -149,6 +149,25 @@ def test_persist_thresholds_merges_once_under_the_lock(res, tmp_path, capsys, mo
         persist_thresholds(Datastore.load(store), [VerifySkip(0.9)])
 
 
+def test_calibrate_is_the_one_writer(res, tmp_path, capsys, monkeypatch) -> None:
+    """A second calibrate is refused at its start, not after measuring (when its manifest edit
+    would wait for the lock instead)."""
+    from test_retrieval_build import write_demos
+
+    write_demos(tmp_path / "heldout.hdf5", episodes=2, seed=5)
+    monkeypatch.setattr(manifest, "LOCK_WAIT_S", 60.0)
+    holder = hold_lock(res["store"], "heisd calibrate")
+    try:
+        argv = ["calibrate", "--target", str(res["vla"]), "--datastore", str(res["store"]),
+                "--demos", str(tmp_path / "heldout.hdf5"), "--threads", "1"]
+        start = time.monotonic()
+        assert main(argv) == 1 and time.monotonic() - start < 30
+        assert f"is in use by another heisd process (pid {holder.pid}: heisd calibrate)" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def _persist_after_both_loaded(store: Path, me: str, other: str, successes: int) -> None:
     datastore = Datastore.load(store)
     skip = VerifySkip.from_datastore(datastore)
