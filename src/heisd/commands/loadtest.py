@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=LoadConfig.time_limit_s,
                    help="seconds per pass after which no request is sent")
     p.add_argument("--out", default=None, help="write the report as JSON here too")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing report at --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +37,13 @@ def run(args: argparse.Namespace) -> int:
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
     from heisd.serving.loadtest import LoadConfig, run_loadtest
+    from heisd.storage import OutputKind, check_output, write_text
+    from heisd.storage.guard import json_file_with
     from heisd.vla import VLA
+
+    report_kind = OutputKind("loadtest report", json_file_with("server", "method", "demos"))
+    if args.out:
+        check_output(Path(args.out), report_kind, args.overwrite)
 
     if urlsplit(args.server).netloc.rsplit(":", 1)[0] not in LOOPBACK:
         raise SystemExit(f"--server {args.server}: not a loopback address; the overhead is measured against "
@@ -65,6 +72,5 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+        write_text(Path(args.out), text + "\n")
     return 0
