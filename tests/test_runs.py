@@ -234,3 +234,24 @@ def test_sigterm_stops_an_eval_cleanly_and_it_resumes_without_duplicates(res, tm
     lines = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
     assert sorted(line["episode"] for line in lines) == [0, 1, 2, 3]
     assert json.loads((out / "summary.json").read_text())["episodes"] == 4
+
+
+def test_eval_through_a_server_records_the_server_target(res, tmp_path, capsys) -> None:
+    from heisd.runtime.methods import MethodConfig
+    from heisd.serving.launch import ServerThread, make_service
+    from heisd.serving.service import ServeConfig
+
+    vla, out = tiny_vla(), tmp_path / "served"
+    with ServerThread(*make_service(vla, MethodConfig("ar"), ServeConfig(), str(res["vla"]))) as server:
+        argv = ["eval", "--server", server.url, "--tasks", "reach-v3", "--episodes", "1", "--max-steps", "4",
+                "--out", str(out)]
+        assert main(argv) == 0
+        run = json.loads((out / "run.json").read_text())
+        assert run["target"]["fingerprint"] == vla.fingerprint() and run["method_config"]["method"] == "ar"
+        assert run["paths"] == {"server": server.url, "target": str(res["vla"])}
+        capsys.readouterr()
+        assert main([*argv, "--persist-thresholds"]) == 2
+        assert "with --server the skip thresholds adapt on the server" in capsys.readouterr().err
+    with ServerThread(*make_service(tiny_vla(seed=1), MethodConfig("ar"), ServeConfig(), "other")) as other:
+        assert main(["eval", "--server", other.url, *argv[3:]]) == 1  # another target behind the URL
+        assert "holds a run with other settings (target.fingerprint: " in capsys.readouterr().err
