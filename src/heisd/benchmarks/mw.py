@@ -22,7 +22,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco
 import gymnasium as gym
 import numpy as np
 
-from heisd.errors import UsageError
+from heisd.errors import InputError, UsageError
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,12 @@ class MetaWorldEnv(gym.Env):
     def step(self, action, *, render: bool = True):
         """Gymnasium step. ``render=False`` leaves ``obs["image"]`` None: a policy that executes an
         action chunk reads only the last step's frame, and rendering is most of a step's cost."""
-        action = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
+        action = np.asarray(action, dtype=np.float32)
+        if not np.all(np.isfinite(action)):  # MuJoCo would turn it into a silent reset
+            raise InputError(f"{self.task}: the policy's action at env step {self._steps} is not finite "
+                             f"({action.tolist()}); stopped before the simulator (check the checkpoint's "
+                             "norm_stats.json)")
+        action = np.clip(action, -1.0, 1.0)
         sim_obs, reward, _, _, info = self._env.step(action)
         self._steps += 1
         success = bool(info["success"])
