@@ -16,7 +16,6 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 from heisd.errors import ConfigError, InputError
 from heisd.runtime import run_thresholds
 from heisd.runtime.metrics import episode_steps, summarize
