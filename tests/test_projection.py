@@ -52,6 +52,10 @@ def test_project_a_bench_directory(tmp_path, capsys) -> None:
     assert rows[0]["projected_ms"] == 33.0 and rows[1]["projected_ms"] == 2 + 0.25 + 10 + 6
     assert rows[1]["projected_speedup"] == pytest.approx(33.0 / 18.25)
     assert "PROJECTION" in capsys.readouterr().out
+    again = ["project", "--bench", str(tmp_path), "--profile", str(tmp_path / "profile.json"), "--out",
+             str(tmp_path / "p.json")]
+    assert main(again) == 1 and "p.json already holds a heisd projection" in capsys.readouterr().err
+    assert main([*again, "--overwrite"]) == 0
     no_drafter = {**PROFILE, "pieces_ms": {k: v for k, v in PROFILE["pieces_ms"].items() if k != "datastore_query"}}
     (tmp_path / "partial.json").write_text(json.dumps(no_drafter))
     with pytest.raises(SystemExit, match="datastore_query"):

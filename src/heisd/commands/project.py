@@ -15,11 +15,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=Path, required=True,
                    help="a `heisd profile` JSON of the target (with --drafter and --datastore for those pieces)")
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing projection at --out")
 
 
 def run(args: argparse.Namespace) -> int:
     from heisd.profiling.projection import format_projection, project_bench
+    from heisd.storage import OutputKind, check_output, write_json
+    from heisd.storage.guard import json_file_with
 
+    if args.out is not None:
+        check_output(args.out, OutputKind("projection", json_file_with("projection", "rows")), args.overwrite)
     if not (args.bench / "bench.json").is_file():
         raise SystemExit(f"--bench {args.bench}: no bench.json there (the output folder of `heisd bench`)")
     try:
@@ -32,5 +37,5 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"heisd project: {e}") from e
     print(format_projection(rows, profile))
     if args.out is not None:
-        args.out.write_text(json.dumps({"projection": True, "profile": str(args.profile), "rows": rows}, indent=2))
+        write_json(args.out, {"projection": True, "profile": str(args.profile), "rows": rows})
     return 0
