@@ -152,9 +152,12 @@ def test_lock_excludes_another_process_and_dies_with_it(tmp_path: Path) -> None:
 
 
 INTERRUPTED_WRITE = """
-    import sys, time
+    import signal, sys, time
     from pathlib import Path
     from heisd.storage import atomic_directory, atomic_file, raise_on_sigterm
+    # a shell starts background jobs (nohup, CI runners) with SIGINT ignored, and Python then keeps
+    # it ignored: restore Ctrl-C's default, which is what this test is about
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     out = Path("out")
     try:
         with raise_on_sigterm():
