@@ -25,6 +25,7 @@ from heisd.benchmarks.libero_protocol import (
     ACTION_DIM, DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, PROTOCOL_RENDER_SIZE, check_suite, rotate_180,
 )
 from heisd.benchmarks.libero_setup import ensure_libero
+from heisd.errors import InputError, UsageError
 
 STATE_DIM = 5  # ee xyz, two gripper finger positions (LIBERO datasets' ee_pos + gripper_states)
 CAMERA = "agentview"
@@ -62,7 +63,7 @@ def resolve_tasks(suite: str, names: list[str] | tuple[str, ...]) -> tuple[str, 
     tasks = known if list(names) == ["all"] else tuple(names)
     for t in tasks:
         if t not in known:
-            raise ValueError(f"{t!r} is not a {suite} task; its tasks: {', '.join(known)}")
+            raise UsageError(f"{t!r} is not a {suite} task; its tasks: {', '.join(known)}")
     return tasks
 
 
@@ -85,10 +86,16 @@ class LiberoEnv:
         """``options={"init_state": i}``: the suite's init state ``i`` (OpenVLA: episode i uses state i)."""
         options = options or {}
         if "init_state" not in options:
-            raise ValueError("LIBERO episodes start from a suite init state: reset(options={'init_state': i})")
+            raise UsageError("LIBERO episodes start from a suite init state: reset(options={'init_state': i})")
         i = int(options["init_state"])
         if not 0 <= i < self.n_init_states:
-            raise ValueError(f"init state {i} out of range: {self.suite}/{self.task} has {self.n_init_states}")
+            raise UsageError(f"init state {i} out of range: {self.suite}/{self.task} has {self.n_init_states}")
+        # What OpenVLA's hard reset (rebuilding the model, seconds each) leaves fresh, done in place:
+        # the simulator data (solver warm starts the init state does not set) and the gripper's
+        # command, which robosuite integrates across steps and never resets otherwise
+        self._env.env.sim.reset()
+        for robot in self._env.env.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
         self._env.reset()
         self._env.set_init_state(self._init_states[i])
         for _ in range(NUM_STEPS_WAIT):  # the protocol ignores `done` during the wait
@@ -100,7 +107,8 @@ class LiberoEnv:
         """Gymnasium step; ``render=False`` leaves ``obs["image"]`` None (a mid-chunk frame nobody reads)."""
         action = np.asarray(action, dtype=np.float64)
         if action.shape != (ACTION_DIM,) or not np.all(np.isfinite(action)):
-            raise ValueError(f"a LIBERO action is {ACTION_DIM} finite numbers, got {action.tolist()}")
+            raise InputError(f"{self.task}: the policy's action at env step {self._steps} is not {ACTION_DIM} "
+                             f"finite numbers ({action.tolist()}); stopped before the simulator")
         sim_obs, reward, done, _ = self._env.step(action.tolist())
         self._steps += 1
         success = bool(done)
@@ -149,16 +157,14 @@ def _make_simulator(suite: str, task: str, image_size: int, fast_render: bool) -
     s = _suite(suite)
     names = s.get_task_names()
     if task not in names:
-        raise ValueError(f"{task!r} is not a {suite} task; its tasks: {', '.join(names)}")
+        raise UsageError(f"{task!r} is not a {suite} task; its tasks: {', '.join(names)}")
     i = names.index(task)
     spec = s.get_task(i)
     bddl = os.path.join(get_libero_path("bddl_files"), spec.problem_folder, spec.bddl_file)
     env = OffScreenRenderEnv(
         bddl_file_name=bddl, camera_heights=image_size, camera_widths=image_size,
         camera_names=[CAMERA], use_camera_obs=False,  # frames are rendered on demand by LiberoEnv.render
-        # the init state then overwrites the whole simulator state, so rebuilding the model on every
-        # reset (robosuite's hard reset, seconds each) changes nothing
-        hard_reset=False,
+        hard_reset=False,  # LiberoEnv.reset refreshes what a hard reset would
     )
     env.seed(0)  # as the protocol
     env.reset()  # creates the offscreen render context

