@@ -184,6 +184,8 @@ def env():
 
 
 def test_env_reset_from_init_states(env):
+    from heisd.benchmarks.libero import LiberoEnv
+
     assert env.n_init_states == 50 and env.instruction == "pick up the alphabet soup and place it in the basket"
     obs0, info0 = env.reset(options={"init_state": 0})
     assert env._env.env.timestep == NUM_STEPS_WAIT  # the wait steps ran inside reset
@@ -191,6 +193,8 @@ def test_env_reset_from_init_states(env):
     assert obs0["state"].shape == (5,) and obs0["state"].dtype == np.float32
     assert np.array_equal(info0["ee_pos"], obs0["state"][:3]) and env.layout.tolist() == [0]
     obs1, _ = env.reset(options={"init_state": 1})
+    other = LiberoEnv("libero_object", "pick_up_the_cream_cheese_and_place_it_in_the_basket", env.config)
+    other.reset(options={"init_state": 0})  # another simulator with its own GL context, made current last
     again, _ = env.reset(options={"init_state": 0})
     assert not np.array_equal(obs0["image"], obs1["image"])  # other object placement
     assert np.array_equal(obs0["image"], again["image"])  # an init state fixes the scene

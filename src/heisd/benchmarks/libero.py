@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import sys
 from dataclasses import dataclass
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco is imported
@@ -117,6 +118,8 @@ class LiberoEnv:
 
     def render(self) -> np.ndarray:
         size = self.config.image_size
+        # each simulator has its own GL context and robosuite renders into whichever is current
+        self._env.env.sim._render_context_offscreen.gl_ctx.make_current()
         # the same call robosuite's camera observable makes; the frame is upside down (OpenGL rows)
         frame = self._env.sim.render(camera_name=CAMERA, width=size, height=size)
         return rotate_180(frame)
@@ -177,8 +180,12 @@ def _make_simulator(suite: str, task: str, image_size: int, fast_render: bool) -
 
 def close_simulators() -> None:
     """Close every LIBERO env while the interpreter is whole: robosuite's EGL contexts otherwise print
-    an EGLError from their destructors at exit."""
+    an EGLError from their destructors at exit. Runs before robosuite's own exit hook, which terminates
+    the process's EGL display: `mw`'s renderers share that display, so they are closed here too."""
     while _SIMULATORS:
         _, sim = _SIMULATORS.popitem()
         sim.env.close()
+    mw = sys.modules.get("heisd.benchmarks.mw")
+    if mw is not None:
+        mw._close_simulators()
     gc.collect()  # the render contexts die now, not during interpreter teardown

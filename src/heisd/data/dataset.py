@@ -65,6 +65,13 @@ def _attr(obj, key: str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _heisd_layout(data: h5py.Group) -> bool:
+    """heisd's files name the benchmark on `data` and task and instruction on every episode;
+    LIBERO's and OpenVLA's files do neither."""
+    first = next((data[k] for k in data.keys() if k.startswith("demo_")), None)
+    return "benchmark" in data.attrs or (first is not None and "task" in first.attrs)
+
+
 class DemoFile:
     """Open with ``with DemoFile(path) as f: for ep in f: ...``. Validates on open."""
 
@@ -82,7 +89,7 @@ class DemoFile:
             raise DemoFormatError(f"{self.path}: missing group 'data'")
         self._data = self._h5["data"]
         self.libero = None  # LiberoTask of a LIBERO/OpenVLA dataset file; None for heisd's own files
-        if "benchmark" not in self._data.attrs:
+        if not _heisd_layout(self._data):
             from heisd.data.libero_files import identify
 
             try:
