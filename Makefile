@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# LIBERO itself, without its declared dependencies (its training stack); the simulator's come with .[libero]
+LIBERO_NODEPS := libero==0.1.1 bddl==1.0.1
 export MUJOCO_GL ?= egl
 
 .PHONY: demo test test-slow install clean
@@ -12,7 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build on local disk, so no multi-GB CUDA build is pulled
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,libero]'
+	$(BIN)/pip install -q --no-deps $(LIBERO_NODEPS)
 	touch $(STAMP)
 
 install: $(STAMP)

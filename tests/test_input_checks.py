@@ -147,7 +147,7 @@ def test_a_non_finite_action_never_reaches_the_simulator(tmp_path) -> None:
 
     env = MetaWorldEnv("reach-v3", MWConfig(image_size=32, max_steps=5))
     with pytest.raises(InputError, match=r"reach-v3: the policy's action at env step 0 is not finite \(\[nan"):
-        run_episode(env, nan_policy(), layout_seed=0)
+        run_episode(env, nan_policy(), {"layout_seed": 0})
     assert env._steps == 0  # the simulator never stepped
     cfg = EvalConfig(("reach-v3",), episodes=1, max_steps=5, image_size=32)
     with pytest.raises(InputError, match=r"ev: reach-v3 episode 0: reach-v3: the policy's action at env step 0"):

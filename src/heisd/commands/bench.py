@@ -35,15 +35,17 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from heisd.benchmarks.mw import resolve_tasks
+    from heisd.benchmarks.registry import resolve_tasks
     from heisd.commands.common import load_target, method_config
     from heisd.runtime.bench import QUICK_TASKS, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig
 
     if args.quick:
+        if args.benchmark != "mw":
+            raise SystemExit("--quick is a mw run; give --tasks and --episodes for a LIBERO suite")
         tasks, episodes, max_steps = QUICK_TASKS, 2, 150
     else:
-        tasks = resolve_tasks(args.tasks)
+        tasks = resolve_tasks(args.benchmark, args.tasks)
         episodes, max_steps = args.episodes, args.max_steps
     base = method_config(args, "heisd")
     configs = ladder(base) + [replace(base, switch="threshold", switch_threshold=t) for t in args.thresholds]
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"--only: no configuration labelled {', '.join(unknown)}; the labels are {', '.join(labels)}")
         configs = [c for c in configs if c.method == "ar" or c.label in args.only]
     vla = load_target(args)
-    cfg = EvalConfig(tasks, episodes, args.seed, max_steps)
+    cfg = EvalConfig(tasks, episodes, args.seed, max_steps, benchmark=args.benchmark)
     out = Path(args.out)
     summaries = run_bench(vla, configs, cfg, out, persist=ladder(base)[-1] if args.persist_thresholds else None,
                           target_path=args.target)

@@ -9,8 +9,14 @@ HELP = "Build the retrieval datastore (keys, own/demonstrator tokens, hidden sta
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from heisd.benchmarks.registry import BENCHMARKS
+
     p.add_argument("--target", type=Path, required=True, help="target VLA checkpoint directory")
-    p.add_argument("--demos", type=Path, nargs="+", required=True, help="HDF5 demonstration files")
+    p.add_argument("--demos", type=Path, nargs="+", required=True,
+                   help="HDF5 demonstration files: heisd's own, LIBERO's datasets (<task>_demo.hdf5) or "
+                        "OpenVLA's regenerated no-noop files")
+    p.add_argument("--benchmark", choices=BENCHMARKS, default=None,
+                   help="refuse files from another benchmark or LIBERO suite (default: accept any)")
     p.add_argument("--out", type=Path, required=True, help="datastore directory (written atomically)")
     p.add_argument("--batch-size", type=int, default=64, help="frames per target pass")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -31,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     vla = VLA.from_pretrained(args.target)
     summary = build_datastore(vla, args.demos, args.out, BuildConfig(args.batch_size, index=args.index),
-                              overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes)
+                              overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
+                              benchmark=args.benchmark)
     print(f"wrote {summary['frames']} entries from {summary['episodes']} episodes to {args.out} "
           f"in {summary['seconds']:.0f} s ({summary['frames_per_s']:.0f} frames/s, {args.threads} threads); "
           f"dropped {summary['dropped_failed']} failed episodes"

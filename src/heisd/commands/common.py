@@ -37,7 +37,10 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
 
     if method:
         p.add_argument("--method", default="ar", choices=METHODS, help="decoding method")
-    p.add_argument("--benchmark", default="mw", choices=["mw"], help="benchmark")
+    from heisd.benchmarks.registry import BENCHMARKS
+
+    p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
+                   help="benchmark: mw (embedded) or a LIBERO suite (needs the libero extra)")
     p.add_argument("--target", default="checkpoints/vla", help="target VLA checkpoint directory")
     p.add_argument("--datastore", default=None, help="datastore directory (retrieval, heisd)")
     p.add_argument("--relaxed-r", type=int, default=default_of(MethodConfig, "relaxed_r"),

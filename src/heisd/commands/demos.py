@@ -9,7 +9,10 @@ HELP = ("Record demonstrations as HDF5: scripted experts (successful episodes on
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--benchmark", default="mw", choices=["mw"], help="benchmark to record in")
+    from heisd.benchmarks.registry import BENCHMARKS
+
+    p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
+                   help="benchmark to record in (LIBERO suites: no scripted experts yet; use LIBERO's datasets)")
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
     p.add_argument("--episodes", type=int, default=50, help="episodes attempted per task")
     p.add_argument("--seed", type=int, default=0, help="layout/noise seed (use another one for evaluation)")
@@ -30,7 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from heisd.benchmarks.mw import resolve_tasks
     from heisd.data.demos import DemoConfig, generate_demos
+    from heisd.errors import UsageError
 
+    if args.benchmark != "mw":
+        raise UsageError(f"demos --benchmark {args.benchmark}: there are no scripted LIBERO experts yet; "
+                         "build datastores from LIBERO's own datasets (build-datastore --demos <task>_demo.hdf5)")
     tasks = resolve_tasks(args.tasks)
     cfg = DemoConfig(tasks, args.episodes, args.seed, args.noise, args.image_size, args.camera, args.max_steps,
                      args.policy)

@@ -14,8 +14,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_method_arguments(p)
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
     p.add_argument("--episodes", type=int, default=20, help="episodes per task")
-    p.add_argument("--seed", type=int, default=0, help="evaluation layout seed (layouts differ from any demo seed)")
-    p.add_argument("--max-steps", type=int, default=300, help="environment steps per episode")
+    p.add_argument("--seed", type=int, default=0, help="mw: evaluation layout seed (layouts differ from any demo seed); LIBERO episode i "
+                        "starts from the suite's init state i")
+    p.add_argument("--max-steps", type=int, default=300, help="mw: environment steps per episode (a LIBERO suite uses the protocol's "
+                        "220/280/300/520 after 10 wait steps)")
     p.add_argument("--execute", type=int, default=0, help="actions executed per inference (0 = whole chunk)")
     p.add_argument("--out", required=True,
                    help="output directory (an interrupted run resumes from it; other settings are refused)")
@@ -30,13 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from heisd.benchmarks.mw import resolve_tasks
+    from heisd.benchmarks.registry import resolve_tasks
     from heisd.commands.common import load_policy, method_config
     from heisd.errors import InputError, UsageError
     from heisd.runtime.evaluation import EvalConfig, evaluate
     from heisd.runtime.runinfo import run_identity, server_identity
 
-    tasks = resolve_tasks(args.tasks)
+    tasks = resolve_tasks(args.benchmark, args.tasks)
     if args.server:
         from heisd.client import PolicyClient, RemotePolicy, ServerUnreachable
 
@@ -55,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         identity, chunk = run_identity(policy.vla.fingerprint(), cfg, args.target), policy.vla.config.chunk
     if args.execute > chunk:
         raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
-    summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute),
+    summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute,
+                                                        benchmark=args.benchmark),
                        Path(args.out), identity=identity, persist_thresholds=args.persist_thresholds)
     print(json.dumps(summary, indent=2))
     return 0

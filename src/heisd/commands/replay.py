@@ -27,6 +27,11 @@ def run(args: argparse.Namespace) -> int:
     from heisd.runtime.replay import REPLAY_FILE, REPLAY_RUN, replay
     from heisd.storage import check_output, directory_lock, write_json
 
+    from heisd.data.dataset import DemoFile
+
+    for path in args.demos:
+        with DemoFile(path) as f:
+            f.check_benchmark(args.benchmark)
     out = Path(args.out)
     check_output(out, REPLAY_RUN, args.overwrite)
     cfg = method_config(args)

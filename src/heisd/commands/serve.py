@@ -49,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from heisd.commands.common import load_target, method_config
     from heisd.serving.launch import listen, make_service, url_of, uvicorn_server
 
+    from heisd.errors import UsageError
+
+    if args.benchmark != "mw":  # the served task registry is mw's; LIBERO serving is not wired yet
+        raise UsageError(f"serve --benchmark {args.benchmark}: only mw is served so far")
     config = serve_config(args)
     method = method_config(args)
     service, info = make_service(load_target(args), method, config, args.target, args.benchmark)

@@ -8,7 +8,10 @@
         obs/gripper_states     (T, G) float32
         obs/goal_pos           (T, 3) float32, optional (Meta-World's goal; LIBERO has none)
 
-The same code reads our Meta-World files and real LIBERO demonstration files. Opening a file
+The same code reads our files (`data` has a `benchmark` attribute) and LIBERO's own dataset
+files and OpenVLA's regenerated no-noop files (`heisd.data.libero_files`: the task comes from
+`data` attrs or the file name, not per-episode attrs; their frames are stored upside down, as the
+simulator renders them, and are rotated 180 degrees on reading, as OpenVLA does). Opening a file
 checks every episode: the layout, uint8 images, and (reading the small arrays) at least one step
 and finite actions and states. A bad episode is refused with file and episode named, or, with
 `skip_invalid`, left out and listed in `DemoFile.skipped` (layout errors are always refused).
@@ -62,6 +65,13 @@ def _attr(obj, key: str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _heisd_layout(data: h5py.Group) -> bool:
+    """heisd's files name the benchmark on `data` and task and instruction on every episode;
+    LIBERO's and OpenVLA's files do neither."""
+    first = next((data[k] for k in data.keys() if k.startswith("demo_")), None)
+    return "benchmark" in data.attrs or (first is not None and "task" in first.attrs)
+
+
 class DemoFile:
     """Open with ``with DemoFile(path) as f: for ep in f: ...``. Validates on open."""
 
@@ -78,6 +88,15 @@ class DemoFile:
             self.close()
             raise DemoFormatError(f"{self.path}: missing group 'data'")
         self._data = self._h5["data"]
+        self.libero = None  # LiberoTask of a LIBERO/OpenVLA dataset file; None for heisd's own files
+        if not _heisd_layout(self._data):
+            from heisd.data.libero_files import identify
+
+            try:
+                self.libero = identify(self.path, self.attrs)
+            except BaseException:
+                self.close()
+                raise
         names = sorted((k for k in self._data.keys() if k.startswith("demo_")), key=lambda k: int(k[5:]))
         self._names = []
         try:
@@ -100,7 +119,7 @@ class DemoFile:
         for key in REQUIRED_DATASETS:
             if key not in group:
                 raise DemoFormatError(f"{self.path}: data/{name} is missing '{key}'")
-        for key in ("task", "instruction"):
+        for key in ("task", "instruction") if self.libero is None else ():
             if key not in group.attrs:
                 raise DemoFormatError(f"{self.path}: data/{name} is missing attribute '{key}'")
         t = group["actions"].shape[0]
@@ -138,6 +157,18 @@ class DemoFile:
             out["env_args"] = json.loads(out["env_args"])
         return out
 
+    @property
+    def benchmark(self) -> str | None:
+        """The benchmark the file's episodes come from (the LIBERO suite for LIBERO files)."""
+        return self.libero.suite if self.libero is not None else self.attrs.get("benchmark")
+
+    def check_benchmark(self, benchmark: str | None) -> None:
+        """Refuse a file recorded in another benchmark (or LIBERO suite) than `benchmark` (None: any)."""
+        found = self.benchmark
+        if benchmark is not None and found is not None and found != benchmark:
+            what = f"LIBERO suite {found!r} (task {self.libero.task})" if self.libero else f"benchmark {found!r}"
+            raise DemoFormatError(f"{self.path}: demonstrations of {what}, not --benchmark {benchmark!r}")
+
     def episode_names(self) -> list[str]:
         return list(self._names)
 
@@ -149,12 +180,13 @@ class DemoFile:
             raise DemoFormatError(f"{self.path}: no episode data/{name}")
         g = self._data[name]
         try:
+            images = np.asarray(g["obs/agentview_rgb"][()], dtype=np.uint8)
             return Episode(
                 name=name,
-                task=_attr(g, "task"),
-                instruction=_attr(g, "instruction"),
+                task=self.libero.task if self.libero else _attr(g, "task"),
+                instruction=self.libero.instruction if self.libero else _attr(g, "instruction"),
                 actions=np.asarray(g["actions"][()], dtype=np.float32),
-                images=np.asarray(g["obs/agentview_rgb"][()], dtype=np.uint8),
+                images=np.ascontiguousarray(images[:, ::-1, ::-1]) if self.libero else images,
                 ee_pos=np.asarray(g["obs/ee_pos"][()], dtype=np.float32),
                 gripper=np.asarray(g["obs/gripper_states"][()], dtype=np.float32).reshape(
                     len(g["actions"]), -1

@@ -83,12 +83,13 @@ def demo_tokens(vla: VLA, actions: np.ndarray, n_sequences: int) -> np.ndarray:
 
 def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
                     config: BuildConfig | None = None, overwrite: bool = False,
-                    skip_invalid: bool = False) -> dict[str, Any]:
+                    skip_invalid: bool = False, benchmark: str | None = None) -> dict[str, Any]:
     """Encode every frame of every successful episode and write the datastore; returns a summary.
     Failed expert demonstrations are left out: their actions would be drafted as if they were
     right. The target's own rollouts (`heisd demos --policy DIR`) are kept whole, failures too:
     the drafts are the target's own tokens, right for the target wherever it went (ours). The
     kinematic statistics come from the expert's episodes only (the metric's reference motion).
+    `benchmark`: every file must come from it (a LIBERO file: from that suite); None accepts any.
     `skip_invalid`: episodes with unusable data are left out (counted) instead of refused."""
     config = config or BuildConfig()
     check_output(Path(out_dir), DATASTORE, overwrite)  # before the expensive part; finalize checks again
@@ -103,6 +104,7 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
     total, invalid = 0, 0
     for path in demos:  # episode count up front, for the progress bar
         with DemoFile(path, skip_invalid) as f:
+            f.check_benchmark(benchmark)  # before any encoding: a file of another suite is refused up front
             total, invalid = total + len(f), invalid + len(f.skipped)
     with tqdm(total=total, unit="episode", desc="build-datastore") as bar:
         for path in demos:

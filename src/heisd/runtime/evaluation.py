@@ -31,13 +31,14 @@ MUJOCO_LOG = "mujoco.log"
 
 @dataclass(frozen=True)
 class EvalConfig:
-    tasks: tuple[str, ...]  # mw task names
+    tasks: tuple[str, ...]  # task names of the benchmark
     episodes: int  # per task
     seed: int = 0  # layout seed of episode i of task t: episode_seed(EVAL_SEED_OFFSET + seed, t, i)
     max_steps: int = 300  # environment steps per episode
     execute: int = 0  # actions executed per inference (0 = the whole chunk)
     image_size: int = 128  # camera frame, pixels
     camera: str = "corner3"  # Meta-World camera
+    benchmark: str = "mw"  # mw or a LIBERO suite (heisd.benchmarks.registry)
 
     def __post_init__(self) -> None:
         for name, least in (("episodes", 1), ("max_steps", 1), ("execute", 0), ("seed", 0), ("image_size", 1)):
@@ -75,7 +76,7 @@ class EvalRun:
         self._held = ExitStack()
         self._held.enter_context(directory_lock(self.out))
         try:
-            check_run(self.out, {"method": label, "benchmark": "mw", **asdict(cfg), **(identity or {})})
+            check_run(self.out, {"method": label, **asdict(cfg), **(identity or {})})
             self.done = read_episodes(self.out / EPISODES_FILE)
         except BaseException:
             self.close()
@@ -104,15 +105,15 @@ class EvalRun:
 
     def run(self, policy: VLAPolicy, task: str, i: int) -> dict:
         from heisd.benchmarks.mujoco_log import mujoco_log
-        from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
+        from heisd.benchmarks.registry import make_env, reset_options
         from heisd.data.demos import episode_seed
 
         cfg = self.cfg
         layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
         with mujoco_log(self.out / MUJOCO_LOG, f"{task} episode {i}"):
-            env = MetaWorldEnv(task, MWConfig(cfg.image_size, cfg.camera, cfg.max_steps))
+            env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps)
             try:
-                line = run_episode(env, policy, layout_seed, cfg.execute)
+                line = run_episode(env, policy, reset_options(cfg.benchmark, layout_seed, i), cfg.execute)
             except InputError as err:
                 raise InputError(f"{self.out}: {task} episode {i}: {err}") from err
         line.update(task=task, episode=i, layout_seed=layout_seed)
@@ -131,7 +132,7 @@ class EvalRun:
         return sum(e["success"] for e in self.done) / max(len(self.done), 1)
 
     def summary(self) -> dict:
-        summary = summarize(self.label, "mw", self.done)
+        summary = summarize(self.label, self.cfg.benchmark, self.done)
         if run_thresholds.LINE_KEY in self.done[-1]:  # where online adaptation left the skips
             summary[run_thresholds.LINE_KEY] = self.done[-1][run_thresholds.LINE_KEY]
         write_json(self.out / SUMMARY_FILE, summary)
@@ -160,8 +161,9 @@ def evaluate(policy: VLAPolicy, method_label: str, cfg: EvalConfig, out: Path, p
     return summary
 
 
-def run_episode(env, policy: VLAPolicy, layout_seed: int, execute: int = 0) -> dict:
-    obs, info = env.reset(options={"layout_seed": layout_seed})
+def run_episode(env, policy: VLAPolicy, options: dict, execute: int = 0) -> dict:
+    """One episode from `env.reset(options=options)` (`registry.reset_options`) to success or truncation."""
+    obs, info = env.reset(options=options)
     policy.reset(env.instruction, env.task)
     records, ee_path, success, truncated, env_steps = [], [], False, False, 0
     moved = [info["ee_pos"]]  # positions since the last inference: the kinematic window's steps

@@ -1,0 +1,191 @@
+"""LIBERO suites (`libero_spatial`, `libero_object`, `libero_goal`, `libero_10`) with OpenVLA's protocol.
+
+Observation, as in `mw`: ``{"image": uint8 (H, W, 3) upright (agentview rotated 180 degrees),
+"state": float32 (5,) = ee xyz, gripper finger positions (2)}``; ``info`` carries ``success`` and
+``ee_pos`` (`robot0_eef_pos`). Episode ``i`` starts from the suite's init state ``i``
+(``reset(options={"init_state": i})``), then `NUM_STEPS_WAIT` dummy steps, then at most the
+suite's `MAX_STEPS` policy steps; success is the simulator's `done`.
+
+Only the agentview camera is rendered, and only for the frames a policy reads (the protocol also
+renders a wrist camera nobody reads). `fast_render` turns off shadows and reflections for CPU runs of small targets; keep it off for OpenVLA, which saw rendered shadows.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import sys
+from dataclasses import dataclass
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco is imported
+
+import numpy as np
+
+from heisd.benchmarks.libero_protocol import (
+    ACTION_DIM, DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, PROTOCOL_RENDER_SIZE, check_suite, rotate_180,
+)
+from heisd.benchmarks.libero_setup import ensure_libero
+from heisd.errors import InputError, UsageError
+
+STATE_DIM = 5  # ee xyz, two gripper finger positions (LIBERO datasets' ee_pos + gripper_states)
+CAMERA = "agentview"
+
+
+@dataclass(frozen=True)
+class LiberoConfig:
+    image_size: int = PROTOCOL_RENDER_SIZE  # square agentview frame, pixels (OpenVLA's protocol: 256)
+    fast_render: bool = False  # shadows and reflections off (CPU runs of small targets)
+    max_steps: int | None = None  # policy steps after the wait steps; None = the suite's protocol value
+
+
+def libero_modules():
+    """(benchmark, get_libero_path, OffScreenRenderEnv) from LIBERO, imported safely."""
+    ensure_libero()
+    from libero.libero import benchmark, get_libero_path
+    from libero.libero.envs import OffScreenRenderEnv
+
+    return benchmark, get_libero_path, OffScreenRenderEnv
+
+
+def _suite(suite: str):
+    benchmark, _, _ = libero_modules()
+    return benchmark.get_benchmark_dict()[check_suite(suite)]()
+
+
+def suite_tasks(suite: str) -> tuple[str, ...]:
+    """The suite's task names in LIBERO's order (task index = position)."""
+    return tuple(_suite(suite).get_task_names())
+
+
+def resolve_tasks(suite: str, names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Command-line task names ('all' = the whole suite), each checked against the suite."""
+    known = suite_tasks(suite)
+    tasks = known if list(names) == ["all"] else tuple(names)
+    for t in tasks:
+        if t not in known:
+            raise UsageError(f"{t!r} is not a {suite} task; its tasks: {', '.join(known)}")
+    return tasks
+
+
+class LiberoEnv:
+    """One LIBERO task under OpenVLA's protocol, with `mw`'s observation conventions."""
+
+    def __init__(self, suite: str, task: str, config: LiberoConfig = LiberoConfig()):
+        self.suite, self.task, self.config = check_suite(suite), task, config
+        self.max_steps = config.max_steps or MAX_STEPS[suite]
+        sim = _simulator(suite, task, config.image_size, config.fast_render)
+        self._env, self._init_states, self.instruction = sim.env, sim.init_states, sim.instruction
+        self.layout: np.ndarray | None = None  # [init state index] of the current episode
+        self._steps = 0
+
+    @property
+    def n_init_states(self) -> int:
+        return len(self._init_states)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        """``options={"init_state": i}``: the suite's init state ``i`` (OpenVLA: episode i uses state i)."""
+        options = options or {}
+        if "init_state" not in options:
+            raise UsageError("LIBERO episodes start from a suite init state: reset(options={'init_state': i})")
+        i = int(options["init_state"])
+        if not 0 <= i < self.n_init_states:
+            raise UsageError(f"init state {i} out of range: {self.suite}/{self.task} has {self.n_init_states}")
+        # What OpenVLA's hard reset (rebuilding the model, seconds each) leaves fresh, done in place:
+        # the simulator data (solver warm starts the init state does not set) and the gripper's
+        # command, which robosuite integrates across steps and never resets otherwise
+        self._env.env.sim.reset()
+        for robot in self._env.env.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
+        self._env.reset()
+        self._env.set_init_state(self._init_states[i])
+        for _ in range(NUM_STEPS_WAIT):  # the protocol ignores `done` during the wait
+            sim_obs, _, _, _ = self._env.step(DUMMY_ACTION.tolist())
+        self.layout, self._steps = np.array([i]), 0
+        return self._observe(sim_obs), self._info(sim_obs, success=False)
+
+    def step(self, action, *, render: bool = True):
+        """Gymnasium step; ``render=False`` leaves ``obs["image"]`` None (a mid-chunk frame nobody reads)."""
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (ACTION_DIM,) or not np.all(np.isfinite(action)):
+            raise InputError(f"{self.task}: the policy's action at env step {self._steps} is not {ACTION_DIM} "
+                             f"finite numbers ({action.tolist()}); stopped before the simulator")
+        sim_obs, reward, done, _ = self._env.step(action.tolist())
+        self._steps += 1
+        success = bool(done)
+        truncated = self._steps >= self.max_steps
+        return self._observe(sim_obs, render), float(reward), success, truncated, self._info(sim_obs, success)
+
+    def render(self) -> np.ndarray:
+        size = self.config.image_size
+        # each simulator has its own GL context and robosuite renders into whichever is current
+        self._env.env.sim._render_context_offscreen.gl_ctx.make_current()
+        # the same call robosuite's camera observable makes; the frame is upside down (OpenGL rows)
+        frame = self._env.sim.render(camera_name=CAMERA, width=size, height=size)
+        return rotate_180(frame)
+
+    def _observe(self, sim_obs: dict, render: bool = True) -> dict:
+        state = np.concatenate([sim_obs["robot0_eef_pos"], sim_obs["robot0_gripper_qpos"]]).astype(np.float32)
+        return {"image": self.render() if render else None, "state": state}
+
+    @staticmethod
+    def _info(sim_obs: dict, success: bool) -> dict:
+        return {"success": success, "ee_pos": np.asarray(sim_obs["robot0_eef_pos"], dtype=np.float32)}
+
+
+@dataclass
+class _Simulator:
+    env: object  # LIBERO's OffScreenRenderEnv
+    init_states: np.ndarray  # (n, state_dim) float64, the suite's init states of the task
+    instruction: str  # the task's language instruction
+
+
+_SIMULATORS: dict[tuple[str, str, int, bool], _Simulator] = {}  # one per (suite, task, size, quality) per process
+
+
+def _simulator(suite: str, task: str, image_size: int, fast_render: bool) -> _Simulator:
+    """Building a LIBERO env takes seconds (XML assembly, model compile): made once, reused, closed at exit."""
+    key = (suite, task, image_size, fast_render)
+    if key not in _SIMULATORS:
+        _SIMULATORS[key] = _make_simulator(suite, task, image_size, fast_render)
+        if len(_SIMULATORS) == 1:
+            atexit.register(close_simulators)
+    return _SIMULATORS[key]
+
+
+def _make_simulator(suite: str, task: str, image_size: int, fast_render: bool) -> _Simulator:
+    import mujoco
+
+    _, get_libero_path, OffScreenRenderEnv = libero_modules()
+    s = _suite(suite)
+    names = s.get_task_names()
+    if task not in names:
+        raise UsageError(f"{task!r} is not a {suite} task; its tasks: {', '.join(names)}")
+    i = names.index(task)
+    spec = s.get_task(i)
+    bddl = os.path.join(get_libero_path("bddl_files"), spec.problem_folder, spec.bddl_file)
+    env = OffScreenRenderEnv(
+        bddl_file_name=bddl, camera_heights=image_size, camera_widths=image_size,
+        camera_names=[CAMERA], use_camera_obs=False,  # frames are rendered on demand by LiberoEnv.render
+        hard_reset=False,  # LiberoEnv.reset refreshes what a hard reset would
+    )
+    env.seed(0)  # as the protocol
+    env.reset()  # creates the offscreen render context
+    if fast_render:
+        ctx = env.env.sim._render_context_offscreen
+        ctx.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+    return _Simulator(env, np.asarray(s.get_task_init_states(i)), spec.language)
+
+
+def close_simulators() -> None:
+    """Close every LIBERO env while the interpreter is whole: robosuite's EGL contexts otherwise print
+    an EGLError from their destructors at exit. Runs before robosuite's own exit hook, which terminates
+    the process's EGL display: `mw`'s renderers share that display, so they are closed here too."""
+    while _SIMULATORS:
+        _, sim = _SIMULATORS.popitem()
+        sim.env.close()
+    mw = sys.modules.get("heisd.benchmarks.mw")
+    if mw is not None:
+        mw._close_simulators()
+    gc.collect()  # the render contexts die now, not during interpreter teardown

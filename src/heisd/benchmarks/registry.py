@@ -1,0 +1,40 @@
+"""`--benchmark` names -> environments: `mw` (embedded) and the LIBERO suites (the `libero` extra)."""
+
+from __future__ import annotations
+
+from heisd.benchmarks.libero_protocol import SUITES
+
+BENCHMARKS: tuple[str, ...] = ("mw",) + SUITES
+
+
+def is_libero(benchmark: str) -> bool:
+    return benchmark in SUITES
+
+
+def resolve_tasks(benchmark: str, names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Command-line task names of a benchmark ('all' = all its tasks), each checked."""
+    if is_libero(benchmark):
+        from heisd.benchmarks.libero import resolve_tasks as libero_tasks
+
+        return libero_tasks(benchmark, names)
+    from heisd.benchmarks.mw import resolve_tasks as mw_tasks
+
+    return mw_tasks(names)
+
+
+def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps: int):
+    """One task's environment. LIBERO: agentview at `image_size`; `camera` and `max_steps` are mw's
+    (a LIBERO episode's length is the protocol's, per suite)."""
+    if is_libero(benchmark):
+        from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
+
+        return LiberoEnv(benchmark, task, LiberoConfig(image_size=image_size))
+    from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
+
+    return MetaWorldEnv(task, MWConfig(image_size, camera, max_steps))
+
+
+def reset_options(benchmark: str, layout_seed: int, episode: int) -> dict:
+    """How episode `episode` starts: mw draws a layout from its seed; LIBERO episode i starts from the
+    suite's init state i, as OpenVLA's protocol does."""
+    return {"init_state": episode} if is_libero(benchmark) else {"layout_seed": layout_seed}
