@@ -71,8 +71,12 @@ def test_tracker_needs_a_full_window(stats: KinematicStats) -> None:
     tracker = KinematicSwitch(CONFIG, stats).make_tracker()
     points = _line(20, 0.02)
     for p in points[:14]:
-        assert tracker.update(ee_pos=p) is None
-    assert tracker.update(ee_pos=points[14]) is not None
+        tracker.update(ee_pos=p)
+        assert tracker.fused() is None
+    tracker.update(ee_pos=points[14])
+    assert tracker.fused() is not None
+    tracker.update(ee_pos=points[15])  # a new position invalidates the cached F
+    assert tracker.fused() == pytest.approx(fused_metric(points[1:16], stats, CONFIG))
     tracker.reset()
     assert tracker.fused() is None and len(tracker) == 0
 
@@ -84,8 +88,9 @@ def test_tracker_integrates_delta_actions(stats: KinematicStats) -> None:
     by_delta.reset(points[0])
     by_pos.update(ee_pos=points[0])
     for prev, p in zip(points[:-1], points[1:]):
-        f_pos = by_pos.update(ee_pos=p)
-        f_delta = by_delta.update(delta=np.append((p - prev) / 0.01, 1.0))  # gripper value ignored
+        by_pos.update(ee_pos=p)
+        by_delta.update(delta=np.append((p - prev) / 0.01, 1.0))  # gripper value ignored
+        f_pos, f_delta = by_pos.fused(), by_delta.fused()
     assert f_pos == pytest.approx(f_delta, abs=1e-9)
     with pytest.raises(ValueError, match="delta_scale"):
         by_pos.update(delta=np.zeros(4))
@@ -94,14 +99,14 @@ def test_tracker_integrates_delta_actions(stats: KinematicStats) -> None:
 def test_switch_straight_fast_vs_small_slow_circle(stats: KinematicStats) -> None:
     switch = KinematicSwitch(CONFIG, stats)
     fast, slow = switch.make_tracker(), switch.make_tracker()
-    assert switch.mode(fast) == ("drafter", None)  # no positions yet
+    assert switch.mode(fast)[:2] == ("drafter", None)  # no positions yet
     for p in _line(15, 0.03):
         fast.update(ee_pos=p)
     for p in _tilted_circle(0.015, 15, np.pi / 2):
         slow.update(ee_pos=p)
-    mode, metric = switch.mode(fast)
-    assert mode == "retrieval" and metric == pytest.approx(1.0)
-    mode, metric = switch.mode(slow)
+    mode, metric, expected = switch.mode(fast)
+    assert mode == "retrieval" and metric == pytest.approx(1.0) and expected is None  # no cost model
+    mode, metric, _ = switch.mode(slow)
     assert mode == "drafter" and metric < 0.1
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
-from heisd.kinematics.switch import Mode
+from heisd.kinematics.switch import Decision, Mode
 
 MODES: tuple[Mode, Mode] = ("retrieval", "drafter")
 
@@ -82,11 +82,12 @@ class CostAwareSwitch:
     def make_tracker(self, delta_scale: float | None = None) -> TrajectoryTracker:
         return TrajectoryTracker(self.kin_config, self.kin_stats, delta_scale)
 
-    def mode(self, tracker: TrajectoryTracker) -> tuple[Mode, float | None]:
+    def mode(self, tracker: TrajectoryTracker) -> Decision:
         if (tracker.config, tracker.stats) != (self.kin_config, self.kin_stats):
             raise ValueError("tracker was built with another config or stats (use make_tracker)")
         metric = tracker.fused()
-        return self.decide(metric)[0], metric
+        mode, expected = self.decide(metric)
+        return Decision(mode, metric, expected[mode])
 
     # ----- the rule -----
     def decide(self, metric: float | None) -> tuple[Mode, dict[str, float | None]]:

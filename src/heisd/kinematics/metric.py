@@ -150,17 +150,20 @@ class TrajectoryTracker:
         stats.check(config)
         self.config, self.stats, self.delta_scale = config, stats, delta_scale
         self._points: deque[np.ndarray] = deque(maxlen=config.window)
+        self._fused: float | None = None  # F of the current window, computed once when asked
+        self._stale = True
 
     def reset(self, ee_pos: np.ndarray | None = None) -> None:
         """New episode; `ee_pos` seeds the start (integration starts at the origin otherwise:
         F depends only on relative positions)."""
         self._points.clear()
+        self._stale = True
         if ee_pos is not None:
             self._points.append(np.asarray(ee_pos, dtype=np.float64)[:3].copy())
 
-    def update(self, ee_pos: np.ndarray | None = None,
-               delta: np.ndarray | None = None) -> float | None:
-        """Append this step's position; returns F (None while fewer than w positions)."""
+    def update(self, ee_pos: np.ndarray | None = None, delta: np.ndarray | None = None) -> None:
+        """Append this step's position (F is computed when asked: a control step asks once,
+        however many env steps it executed)."""
         if ee_pos is not None:
             point = np.asarray(ee_pos, dtype=np.float64)[:3].copy()
         elif delta is not None:
@@ -173,13 +176,15 @@ class TrajectoryTracker:
         if not np.all(np.isfinite(point)):
             raise ValueError(f"non-finite end-effector position {point}")
         self._points.append(point)
-        return self.fused()
+        self._stale = True
 
     def __len__(self) -> int:
         return len(self._points)
 
     def fused(self) -> float | None:
         """F over the last w positions, or None while fewer than w exist."""
-        if len(self._points) < self.config.window:
-            return None
-        return fused_metric(np.stack(self._points), self.stats, self.config)
+        if self._stale:
+            full = len(self._points) == self.config.window
+            self._fused = fused_metric(np.stack(self._points), self.stats, self.config) if full else None
+            self._stale = False
+        return self._fused

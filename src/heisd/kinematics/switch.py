@@ -3,13 +3,19 @@ coarse motion), drafter SD for small F (curved, slow, fine motion) and before w 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
 
 Mode = Literal["retrieval", "drafter"]
+
+
+class Decision(NamedTuple):
+    mode: Mode
+    metric: float | None  # F the decision was made on (None before w positions)
+    expected_ms: float | None = None  # the chosen mode's predicted decode time (cost-aware switch)
 
 
 class KinematicSwitch:
@@ -26,16 +32,12 @@ class KinematicSwitch:
             return "drafter"
         return "retrieval" if metric >= self.config.threshold else "drafter"
 
-    def mode(self, tracker: TrajectoryTracker) -> tuple[Mode, float | None]:
+    def mode(self, tracker: TrajectoryTracker) -> Decision:
         """This step's mode and the F it was decided on (None before w positions)."""
         if (tracker.config, tracker.stats) != (self.config, self.stats):
             raise ValueError("tracker was built with another config or stats (use make_tracker)")
         metric = tracker.fused()
-        return self.decide(metric), metric
-
-    def expected_ms(self, mode: Mode, metric: float | None) -> float | None:
-        """The fixed-boundary rule predicts no latency (`CostAwareSwitch` does)."""
-        return None
+        return Decision(self.decide(metric), metric)
 
     def observe(self, mode: Mode, metric: float | None, result) -> None:
         """Nothing to learn: the boundary is fixed."""

@@ -76,9 +76,8 @@ class VLAPolicy:
             raise RuntimeError("call reset(instruction) before act()")
         t0 = time.perf_counter()
         path = np.asarray(ee_path if ee_path is not None else state[:3], dtype=np.float64).reshape(-1, 3)
-        mode, metric = self._mode(path)
+        mode, metric, expected = self._mode(path)
         switch = self.decoders.switch
-        expected = switch.expected_ms(mode, metric) if switch is not None else None
         images = torch.from_numpy(np.ascontiguousarray(image))[None]
         prefix, key = self.vla.encode_observation(images, self._prompt, torch.from_numpy(state)[None])
         # proposers may read the previous action (Jacobi's warm start, the skips' gripper guard)
@@ -111,9 +110,10 @@ class VLAPolicy:
         )
         return actions, record
 
-    def _mode(self, ee_path: np.ndarray) -> tuple[str, float | None]:
+    def _mode(self, ee_path: np.ndarray) -> tuple[str, float | None, float | None]:
+        """(mode, F, the switch's expected decode ms) of this step."""
         if self.decoders.switch is None:
-            return self.decoders.fixed_mode, None
+            return self.decoders.fixed_mode, None, None
         for ee_pos in ee_path:
             self._tracker.update(ee_pos=ee_pos)
         return self.decoders.switch.mode(self._tracker)
