@@ -64,6 +64,7 @@ def test_bench_quick_smoke(resources):
     text = report.read_text()
     for label in labels:
         assert f"| {label} |" in text
+    assert "## Switch decisions" in text and summaries[-1]["switch"]["predicted_steps"] > 0
     assert json.loads((out / "bench.json").read_text())[0]["method"] == "ar"
     for plot in ("pareto.png", "acceptance_length.png", "heisd_episode_modes.png"):
         assert (out / plot).stat().st_size > 0

@@ -114,6 +114,22 @@ def report_table(summaries: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def switch_table(summaries: list[dict]) -> str:
+    """Per hybrid configuration: the steps of each mode and, for the cost-aware switch, how far its
+    predicted decode time was from the measured one."""
+    rows = ["## Switch decisions\n", "| method | retrieval steps | drafter steps | predicted steps | "
+            "median abs. error of the predicted decode time |", "|---|---|---|---|---|"]
+    for s in summaries:
+        switch = s.get("switch", {})
+        modes = switch.get("modes", {})
+        if len(modes) < 2 and "predicted_steps" not in switch:
+            continue  # a single-mode method decides nothing
+        error = switch.get("median_relative_error")
+        rows.append(f"| {s['method']} | {modes.get('retrieval', 0)} | {modes.get('drafter', 0)} | "
+                    f"{switch.get('predicted_steps', 0)} | {'-' if error is None else f'{100 * error:.0f}%'} |")
+    return "\n".join(rows) + "\n\n"
+
+
 def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig) -> Path:
     from heisd.runtime.plots import plot_all
 
@@ -129,7 +145,7 @@ def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig
         f"Tasks: {', '.join(cfg.tasks)}; {cfg.episodes} episodes per task; evaluation seed {cfg.seed}; "
         f"max {cfg.max_steps} env steps. Speedup = AR median latency / method median latency, same run.\n\n"
         + report_table(summaries)
-        + "\n## Success per task\n\n" + "\n".join(task_rows) + "\n\n## Plots\n\n"
+        + "\n## Success per task\n\n" + "\n".join(task_rows) + "\n\n" + switch_table(summaries) + "## Plots\n\n"
         + "".join(f"![{p.stem}]({p.name})\n" for p in plots)
     )
     path = out / "report.md"
