@@ -12,9 +12,9 @@ from heisd.profiling.projection import step_ms, verify_ms
 PROFILE = {
     "target": "t", "device": "cpu", "device_name": "test", "dtype": "float32",
     "spec": {"n_action_tokens": 8},
-    "pieces_ms": {"vision": {"median": 2.0}, "prefill": {"median": 10.0}, "decode_step": {"median": 3.0},
-                  "tree_verify": {"8": {"median": 4.0}, "32": {"median": 6.0}},
-                  "drafter_pass": {"median": 0.5}, "datastore_query": {"median": 0.25}},
+    "pieces_ms": {"vision": {"median_ms": 2.0}, "prefill": {"median_ms": 10.0}, "decode_step": {"median_ms": 3.0},
+                  "tree_verify": {"8": {"median_ms": 4.0}, "32": {"median_ms": 6.0}},
+                  "drafter_pass": {"median_ms": 0.5}, "datastore_query": {"median_ms": 0.25}},
 }
 CONFIG = {"method": "heisd", "tree_budget": 8, "tree_depth": 3, "retrieval_budget": 32, "retrieval_fallback": "ar"}
 

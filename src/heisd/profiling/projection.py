@@ -21,12 +21,12 @@ def piece(profile: dict[str, Any], name: str) -> float:
     pieces = profile["pieces_ms"]
     if name not in pieces:
         raise ValueError(f"the profile has no '{name}' (profile again with the piece: --drafter / --datastore)")
-    return float(pieces[name]["median"])
+    return float(pieces[name]["median_ms"])
 
 
 def verify_ms(profile: dict[str, Any], nodes: int) -> float:
     """One verification pass over `nodes` draft tokens: linear between the profiled sizes."""
-    sizes = sorted((int(n), float(v["median"])) for n, v in profile["pieces_ms"]["tree_verify"].items())
+    sizes = sorted((int(n), float(v["median_ms"])) for n, v in profile["pieces_ms"]["tree_verify"].items())
     xs, ys = [0] + [n for n, _ in sizes], [piece(profile, "decode_step")] + [v for _, v in sizes]
     return float(np.interp(nodes, xs, ys))  # beyond the largest size: the largest size's cost
 
