@@ -49,3 +49,26 @@ def write_demo_file(path: Path, tasks: list[str], episodes: int = 2, steps: int 
                 g["obs/gripper_states"] = np.ones((steps, 1), np.float32)
                 g["obs/goal_pos"] = np.repeat(rng.normal(0, 0.1, (1, 3)), steps, 0).astype(np.float32)
                 i += 1
+
+
+LIBERO_INSTRUCTIONS = ("put the black bowl on the plate", "open the top drawer of the cabinet")
+
+
+def write_libero_demo_file(path: Path, episodes: int = 2, steps: int = 20, size: int = 64, seed: int = 0) -> None:
+    """Random frames, 7-D actions (6 deltas in [-1, 1], gripper -1/+1) and a smooth end-effector
+    path in the LIBERO layout: 2-D gripper states, no goal position, two instructions."""
+    rng = np.random.default_rng(seed)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["benchmark"] = "libero"
+        data.attrs["env_args"] = "{}"
+        for i in range(episodes):
+            g = data.create_group(f"demo_{i}")
+            instruction = LIBERO_INSTRUCTIONS[i % len(LIBERO_INSTRUCTIONS)]
+            g.attrs.update(task=instruction.replace(" ", "_"), instruction=instruction, success=True)
+            grip = np.where(np.arange(steps) < steps // 2, -1.0, 1.0)[:, None]
+            g["actions"] = np.concatenate([rng.uniform(-1, 1, (steps, 6)), grip], 1).astype(np.float32)
+            g["obs/agentview_rgb"] = rng.integers(0, 256, (steps, size, size, 3), dtype=np.uint8)
+            t = np.linspace(0, 1, steps)[:, None]
+            g["obs/ee_pos"] = (np.array([0.0, 0.2, 1.0]) + t * rng.normal(0, 0.1, 3)).astype(np.float32)
+            g["obs/gripper_states"] = np.repeat(np.array([[0.04, -0.04]]), steps, 0).astype(np.float32)

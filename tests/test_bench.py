@@ -19,7 +19,7 @@ from heisd.runtime.methods import MethodConfig
 def resources(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     vla = tiny_vla()
-    target = DrafterTarget.from_vla(vla)
+    target = DrafterTarget.from_target(vla)
     Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp / "drafter")
     write_demo_file(tmp / "demos.hdf5", ["reach-v3", "drawer-close-v3"], episodes=2, steps=20)
     build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")

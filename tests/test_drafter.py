@@ -26,9 +26,9 @@ from heisd.decoding import (
 from heisd.drafter import Drafter, DrafterConfig, DrafterError, DrafterProposer, DrafterTarget, TreeConfig
 from heisd.drafter.model import additive_mask
 from heisd.decoding.rollout import Features, greedy_rollout
-from heisd.drafter.train import DrafterTrainConfig, drafter_loss, fit, vla_features
+from heisd.data.dataset import DemoFile
+from heisd.drafter.train import DrafterTrainConfig, drafter_loss, fit, successful_episodes, target_features
 from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
-from heisd.vla.frames import build_frames, read_episodes
 
 torch.set_num_threads(1)
 
@@ -264,22 +264,29 @@ def write_demos(path: Path, n_episodes: int = 6, t: int = 6) -> None:
             g.create_dataset("obs/gripper_states", data=rng.uniform(size=(t, 1)).astype(np.float32))
 
 
-def test_batched_rollout_matches_the_decode_loop(tmp_path):
-    """Left-padded batched generation gives each frame the tokens and features of its own decode."""
-    vla, demos = tiny_vla(), tmp_path / "demos.hdf5"
-    write_demos(demos, n_episodes=2, t=2)
-    records, _, _ = read_episodes([demos], vla.config.image_size)
-    frames = build_frames(records, vla.text_tokenizer, vla.action_tokenizer, vla.config.chunk)
-    feats = vla_features(vla, frames, batch_size=4, desc="test")
-    decoder = SpeculativeDecoder(Verifier(vla.llm), DecodeConfig(N, vla.config.vocab_size, 256))
-    for i in range(len(frames)):
-        b = frames.batch(torch.tensor([i]))
-        real = b["prompt_mask"][0].bool()
+@pytest.mark.parametrize("kind", ["small-vla", "openvla"])
+def test_target_features_match_the_decode_loop(tmp_path, request, kind):
+    """Features generated in per-episode batches give each chosen frame the tokens and lm_head
+    inputs of its own decode, for both targets (prompts of different lengths across episodes)."""
+    target = tiny_vla() if kind == "small-vla" else request.getfixturevalue("tiny_openvla")
+    spec, demos = target.spec, tmp_path / "demos.hdf5"
+    write_demos(demos, n_episodes=3, t=3)
+    episodes = successful_episodes([demos])
+    idx = torch.tensor([0, 2, 3, 4, 5, 7])  # frames 0, 2 of episode 0, all of episode 1, 1 of episode 2
+    feats = target_features(target, episodes, idx, batch_size=2, desc="test")
+    decoder = SpeculativeDecoder(Verifier(target.llm), DecodeConfig(spec.n_action_tokens, spec.vocab_size, spec.n_bins))
+    with DemoFile(demos) as f:
+        frames = [(f.episode(e.name), t) for e in episodes for t in range(e.length)]
+    assert len(feats) == len(idx)
+    for row, i in enumerate(idx.tolist()):
+        ep, t = frames[i]
+        image, prompt = torch.from_numpy(ep.images[t : t + 1]), target.encode_prompt(ep.instruction)
+        state = spec.state_input(ep.state[t : t + 1])
         with torch.no_grad():
-            embeds = vla.prefix_embeds(b["images"], b["prompt_ids"][:, real], b["state"])
-            tf = vla.teacher_forced(b["images"], b["prompt_ids"][:, real], b["state"], feats.tokens[i : i + 1])
-        assert decoder.decode(embeds).tokens == feats.tokens[i].tolist()
-        torch.testing.assert_close(feats.hidden[i], tf.hidden[0], atol=1e-5, rtol=1e-5)
+            embeds = target.prefix_embeds(image, prompt, state)
+            tf = target.teacher_forced(image, prompt, state, feats.tokens[row : row + 1])
+        assert decoder.decode(embeds).tokens == feats.tokens[row].tolist()
+        torch.testing.assert_close(feats.hidden[row], tf.hidden[0], atol=1e-4, rtol=1e-4)
 
 
 def test_train_drafter_command(tmp_path):
@@ -295,7 +302,7 @@ def test_train_drafter_command(tmp_path):
     assert info["train_frames"] == 20 and info["val_frames"] == 6 and not info["features_cached"]
     assert info["target_fingerprint"] == vla.fingerprint() and 0.0 <= info["final"]["val_top1"] <= 1.0
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 2
-    drafter = Drafter.from_pretrained(out, DrafterTarget.from_vla(VLA.from_pretrained(tmp_path / "vla")))
+    drafter = Drafter.from_pretrained(out, DrafterTarget.from_target(VLA.from_pretrained(tmp_path / "vla")))
     assert drafter.config.target_fingerprint == vla.fingerprint()
     features_written = (out / "features.safetensors").stat().st_mtime_ns
     time.sleep(0.01)

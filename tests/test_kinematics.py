@@ -239,6 +239,15 @@ def test_cost_switch_learns_the_passes_it_observes(stats) -> None:
     assert switch.expected_ms("retrieval", None) is not None  # before the window fills: pooled over bins
 
 
+def test_cost_switch_with_an_empty_bin_tries_the_mode_there(stats) -> None:
+    """Calibration F all equal (a straight demonstration path): the quantile edges coincide and
+    every bin but one is empty; a step in an empty bin tries a mode instead of failing."""
+    frames = {**_frames(), "F": [0.5] * 40}
+    switch = CostAwareSwitch(CONFIG, stats, frames, n_tokens=8)
+    assert switch.expected_ms("retrieval", 0.0) is None
+    assert switch.decide(0.0)[0] == "retrieval"
+
+
 def test_cost_switch_counts_prefill_skips_as_no_target_pass(stats) -> None:
     frames = {**_frames(), "prefill_skipped": [True] * 40}
     switch = CostAwareSwitch(CONFIG, stats, frames, n_tokens=8)

@@ -200,7 +200,7 @@ def test_calibrate_decodes_drafter_mode_as_the_method_runs_it(built, tmp_path) -
     from heisd.runtime.policy import VLAPolicy
 
     vla = built["vla"]
-    target = DrafterTarget.from_vla(vla)
+    target = DrafterTarget.from_target(vla)
     torch.manual_seed(0)
     drafter = Drafter(DrafterConfig.for_target(target, intermediate_size=32), target)
     with DemoFile(built["demos"]) as f:  # a drafter that knows the target, so trees get accepted

@@ -91,7 +91,7 @@ def test_replay_of_exact_speculative_decoding_matches_ar(tmp_path):
 
     write_demo_file(tmp_path / "d.hdf5", ["reach-v3", "push-v3"], episodes=1, steps=10)
     vla = tiny_vla()
-    target = DrafterTarget.from_vla(vla)
+    target = DrafterTarget.from_target(vla)
     torch.manual_seed(0)
     Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp_path / "drafter")
     specvla = VLAPolicy(vla, build_decoders(MethodConfig("specvla", drafter=str(tmp_path / "drafter")), vla))

@@ -35,7 +35,7 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     vla = tiny_vla()
     vla.save_pretrained(tmp / "vla")
-    target = DrafterTarget.from_vla(vla)
+    target = DrafterTarget.from_target(vla)
     Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp / "drafter")
     write_demo_file(tmp / "demos.hdf5", ["reach-v3", "drawer-close-v3"], episodes=2, steps=20)
     build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")

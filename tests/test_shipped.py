@@ -18,7 +18,7 @@ CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
 def test_shipped_target_and_drafter_act():
     vla = VLA.from_pretrained(CHECKPOINTS / "vla")
-    Drafter.from_pretrained(CHECKPOINTS / "drafter", DrafterTarget.from_vla(vla))  # same target fingerprint
+    Drafter.from_pretrained(CHECKPOINTS / "drafter", DrafterTarget.from_target(vla))  # same target fingerprint
     size = sum(f.stat().st_size for f in (CHECKPOINTS / "vla").iterdir()) / 2**20
     assert size <= 25, f"shipped target is {size:.1f} MB"
     env = MetaWorldEnv("reach-v3")
@@ -32,6 +32,8 @@ def test_shipped_target_and_drafter_act():
         assert actions.shape == (2, 4) and np.isfinite(actions).all()
         results[method] = record
     assert results["ar"].target_forwards == 8
+    # recorded on main before the Target wiring (91e7f4d): the shipped target's tokens did not move
+    assert results["ar"].tokens == [544, 367, 436, 494, 543, 367, 438, 494]
     assert results["specvla"].tokens == results["ar"].tokens  # exact acceptance is lossless
 
 

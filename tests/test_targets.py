@@ -67,3 +67,23 @@ def test_teacher_forced_pass_reproduces_greedy_decoding(target):
 def test_fingerprint_identifies_the_weights(target):
     first = target.fingerprint()
     assert isinstance(first, str) and len(first) == 64 and target.fingerprint() == first
+
+
+def test_load_target_in_bfloat16_keeps_the_checkpoints_identity(tmp_path, tiny_openvla_dir):
+    """--dtype bfloat16 for either kind: it decodes action tokens, and its drafters and datastores
+    (bound to the fingerprint) are still the stored checkpoint's."""
+    from heisd.targets import load_target
+
+    tiny_vla().save_pretrained(tmp_path / "vla")
+    for directory, key in ((tmp_path / "vla", None), (tiny_openvla_dir, "libero_spatial")):
+        full = load_target(directory, unnorm_key=key)
+        half = load_target(directory, dtype=torch.bfloat16, unnorm_key=key)
+        assert half.llm.dtype == torch.bfloat16 and half.fingerprint() == full.fingerprint()
+        images, prompt, state = observation(half, batch=1)
+        spec = half.spec
+        with torch.no_grad():
+            prefix, key_vector = half.encode_observation(images, prompt, state)
+            tokens = SpeculativeDecoder(Verifier(half.llm), DecodeConfig(spec.n_action_tokens, spec.vocab_size,
+                                                                         spec.n_bins)).decode(prefix).tokens
+        assert prefix.dtype == torch.bfloat16 and torch.isfinite(key_vector).all()
+        assert all(spec.vocab_size - spec.n_bins <= t < spec.vocab_size for t in tokens)

@@ -11,6 +11,17 @@ def is_libero(benchmark: str) -> bool:
     return benchmark in SUITES
 
 
+def action_dim(benchmark: str) -> int:
+    """Dims of the actions the benchmark's robot takes."""
+    if is_libero(benchmark):
+        from heisd.benchmarks.libero_protocol import ACTION_DIM
+
+        return ACTION_DIM
+    from heisd.benchmarks.mw import ACTION_DIM
+
+    return ACTION_DIM
+
+
 def resolve_tasks(benchmark: str, names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """Command-line task names of a benchmark ('all' = all its tasks), each checked."""
     if is_libero(benchmark):

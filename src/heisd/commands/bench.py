@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.benchmarks.registry import resolve_tasks
-    from heisd.commands.common import load_target, method_config
+    from heisd.commands.common import check_closed_loop, load_target, method_config
     from heisd.runtime.bench import QUICK_TASKS, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig
 
@@ -55,10 +55,11 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise SystemExit(f"--only: no configuration labelled {', '.join(unknown)}; the labels are {', '.join(labels)}")
         configs = [c for c in configs if c.method == "ar" or c.label in args.only]
-    vla = load_target(args)
+    target = load_target(args)
+    check_closed_loop(args, target)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps, benchmark=args.benchmark)
     out = Path(args.out)
-    summaries = run_bench(vla, configs, cfg, out, persist=ladder(base)[-1] if args.persist_thresholds else None,
+    summaries = run_bench(target, configs, cfg, out, persist=ladder(base)[-1] if args.persist_thresholds else None,
                           target_path=args.target)
     report = write_report(summaries, out, "heisd " + shlex.join(sys.argv[1:]), cfg)
     print(report_table(summaries))

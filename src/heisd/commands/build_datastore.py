@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "Build the retrieval datastore (keys, own/demonstrator tokens, hidden states) for a target VLA."
+HELP = "Build the retrieval datastore (keys, own/demonstrator tokens, hidden states) for a target (heisd VLA or OpenVLA)."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.benchmarks.registry import BENCHMARKS
+    from heisd.commands.common import add_target_arguments
 
-    p.add_argument("--target", type=Path, required=True, help="target VLA checkpoint directory")
+    add_target_arguments(p)
     p.add_argument("--demos", type=Path, nargs="+", required=True,
                    help="HDF5 demonstration files: heisd's own, LIBERO's datasets (<task>_demo.hdf5) or "
                         "OpenVLA's regenerated no-noop files")
@@ -29,14 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    from heisd.commands.common import load_target
     from heisd.retrieval.build import BuildConfig, build_datastore
-    from heisd.vla import VLA
 
-    torch.set_num_threads(args.threads)
-    vla = VLA.from_pretrained(args.target)
-    summary = build_datastore(vla, args.demos, args.out, BuildConfig(args.batch_size, index=args.index),
+    summary = build_datastore(load_target(args), args.demos, args.out, BuildConfig(args.batch_size, index=args.index),
                               overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
                               benchmark=args.benchmark)
     print(f"wrote {summary['frames']} entries from {summary['episodes']} episodes to {args.out} "

@@ -35,9 +35,9 @@ FRAMES_KEY = "calibration_frames"  # extras: per-frame numbers behind both
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.commands.common import add_decoding_arguments
+    from heisd.commands.common import add_decoding_arguments, add_target_arguments
 
-    p.add_argument("--target", type=Path, required=True, help="target VLA checkpoint directory")
+    add_target_arguments(p)
     p.add_argument("--datastore", type=Path, required=True, help="datastore built for this target")
     p.add_argument("--demos", type=Path, nargs="+", required=True, help="held-out HDF5 demonstrations")
     p.add_argument("--precision", type=float, default=0.95, help="required precision of skipped drafts")
@@ -60,20 +60,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import faiss
-    import torch
 
-    from heisd.commands.common import method_config
+    from heisd.commands.common import load_target, method_config
     from heisd.retrieval.build import open_datastore
-    from heisd.vla import VLA
 
     # heisd's decoders when a drafter is given (drafter mode as the method runs it), else
     # retrieval's (drafter mode taken as AR); skips off: calibration measures verified decoding
     method = method_config(args, "heisd" if args.drafter else "retrieval", verify_skip=False, prefill_skip=False)
-    torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(1)  # one query per control step, as at run time
-    vla = VLA.from_pretrained(args.target)
-    datastore = open_datastore(args.datastore, vla)
-    report = calibrate(vla, datastore, args.demos, method, args.precision, args.frames, args.seed)
+    target = load_target(args)
+    datastore = open_datastore(args.datastore, target)
+    report = calibrate(target, datastore, args.demos, method, args.precision, args.frames, args.seed)
     skip, hybrid = report["verify_skip"], report["hybrid"]
     print(f"{'held-out frames':<22}{skip['frames_total']} ({skip['frames']} with the first-token guard)")
     print(f"{'top-1 hidden cos':<22}median {skip['similarity_median']:.4f}   draft passes {skip['pass_rate']:.2f}")
@@ -90,19 +87,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def calibrate(vla, datastore, demos: Sequence[str | Path], method, precision: float = 0.95, n_frames: int = 512,
+def calibrate(target, datastore, demos: Sequence[str | Path], method, precision: float = 0.95, n_frames: int = 512,
               seed: int = 0) -> dict[str, Any]:
     """Measure the held-out frames with `method`'s decoders (a retrieval or heisd `MethodConfig`,
     skips off), set theta and the threshold, persist them; returns what was stored."""
     from heisd.kinematics import calibrate_threshold
     from heisd.retrieval.verify_skip import EXTRAS_KEY, PREFILL_SKIP_KEY, calibrate_theta
 
-    m, where = _measure(vla, datastore, demos, method, n_frames, seed)
+    m, where = _measure(target, datastore, demos, method, n_frames, seed)
     theta = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision)
     skipped = m["guard"] & (m["similarity"] >= theta)
     theta_pre = calibrate_theta(m["key_similarity"], m["passes_full"], precision)
     pre_skipped = m["key_similarity"] >= theta_pre
-    n = vla.config.n_action_tokens
+    n = target.spec.n_action_tokens
     tpf_r = np.where(skipped | pre_skipped, float(n), m["tpf_verified"])
     tpf_d = m["tpf_drafter"]
     has_f = np.isfinite(m["F"])
@@ -141,7 +138,7 @@ def calibrate(vla, datastore, demos: Sequence[str | Path], method, precision: fl
     return {"verify_skip": skip, "prefill_skip": prefill, "hybrid": hybrid}
 
 
-def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> tuple[dict[str, np.ndarray], list]:
+def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tuple[dict[str, np.ndarray], list]:
     import torch
     from tqdm import tqdm
 
@@ -153,7 +150,7 @@ def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> tuple[d
 
     kin_config = KinematicConfig(**datastore.extras.get("kinematic_config", {}))
     kin_stats = KinematicStats.from_dict(datastore.extras[KINEMATIC_STATS_KEY])
-    decoders, proposer = mode_decoders(method, vla, datastore)
+    decoders, proposer = mode_decoders(method, target, datastore)
     retrieval, drafting = decoders["retrieval"], decoders.get("drafter")
     cfg, vocab = proposer.config, retrieval.vocab
     rule = retrieval.acceptance  # skipped drafts must pass the rule the method accepts with
@@ -180,8 +177,8 @@ def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> tuple[d
             path, name, _ = lengths[e]
             with DemoFile(path) as f:
                 ep = f.episode(name)
-            enc = encode_frames(vla, ep.images[steps], ep.instruction, ep.state[steps])
-            prompt = vla.encode_prompt(ep.instruction)
+            enc = encode_frames(target, ep.images[steps], ep.instruction, ep.state[steps])
+            prompt = target.encode_prompt(ep.instruction)
             for i, t in enumerate(steps):
                 result = datastore.query(enc.keys[i], ep.task, k)
                 top = cfg.sequences(result)[0]
@@ -196,8 +193,8 @@ def _measure(vla, datastore, demos, method, n_frames: int, seed: int) -> tuple[d
                 rows["key_similarity"].append(float(result.similarities[0]))
                 rows["passes_full"].append(passes_full)
                 with torch.no_grad():
-                    embeds = vla.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), prompt,
-                                               torch.from_numpy(ep.state[t : t + 1]))
+                    embeds = target.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), prompt,
+                                                  target.spec.state_input(ep.state[t : t + 1]))
                 context = {"key": enc.keys[i], "task": ep.task}
                 rows["tpf_verified"].append(retrieval.decode(embeds, context).acceptance_length)
                 rows["tpf_drafter"].append(drafting.decode(embeds).acceptance_length if drafting else 1.0)

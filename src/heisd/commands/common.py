@@ -1,4 +1,5 @@
-"""Flags shared by the commands that run a method (eval, replay, bench) or calibrate one.
+"""Flags shared by the commands that load a target, run a method (eval, replay, bench) or
+calibrate one.
 
 Every default shown here is read from `MethodConfig` (which reads the component configs), so a
 default lives in one place.
@@ -7,6 +8,34 @@ default lives in one place.
 from __future__ import annotations
 
 import argparse
+
+DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices (torch dtype names)
+TARGET_HELP = ("target checkpoint directory: a heisd VLA (e.g. checkpoints/vla) or an OpenVLA Hugging Face "
+               "checkpoint; the kind is read from its config.json")
+
+
+def add_target_arguments(p: argparse.ArgumentParser, default: str | None = None, target: bool = True) -> None:
+    """--target (required unless `default`; left out with `target=False`) and how it is loaded:
+    the same flags wherever a target is loaded."""
+    if target:
+        p.add_argument("--target", default=default, required=default is None, help=TARGET_HELP)
+    p.add_argument("--unnorm-key", default=None,
+                   help="OpenVLA: the dataset whose action statistics de-normalize actions (config.json "
+                        "norm_stats; needed when it holds several; KEY falls back to KEY_no_noops)")
+    p.add_argument("--device", default="cpu", help="torch device of the target, e.g. cpu or cuda")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the target's weights and activations")
+
+
+def target_device(args: argparse.Namespace):
+    """(torch device, torch dtype) of --device and --dtype; a clear error for a missing GPU."""
+    import torch
+
+    from heisd.errors import UsageError
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: no CUDA device is visible to torch")
+    return device, getattr(torch, args.dtype)
 
 
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,7 +70,7 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
 
     p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
                    help="benchmark: mw (embedded) or a LIBERO suite (needs the libero extra)")
-    p.add_argument("--target", default="checkpoints/vla", help="target VLA checkpoint directory")
+    add_target_arguments(p, default="checkpoints/vla")
     p.add_argument("--datastore", default=None, help="datastore directory (retrieval, heisd)")
     p.add_argument("--relaxed-r", type=int, default=default_of(MethodConfig, "relaxed_r"),
                    help="token-relaxed acceptance bound in bins (specvla-relaxed)")
@@ -97,15 +126,32 @@ def _str(path) -> str | None:
 
 
 def load_target(args: argparse.Namespace):
-    """The target VLA in eval mode, on `--threads` CPU threads; errors name the file that is wrong."""
+    """The target of --target (either kind) in eval mode on --device/--dtype, on --threads CPU
+    threads; errors name the file that is wrong."""
     import torch
 
-    from heisd.vla.model import VLA
+    from heisd.targets import load_target as load
 
     torch.set_num_threads(args.threads)
-    vla = VLA.from_pretrained(args.target)
-    vla.eval()
-    return vla
+    device, dtype = target_device(args)
+    return load(args.target, device, dtype, unnorm_key=args.unnorm_key)
+
+
+def check_closed_loop(args: argparse.Namespace, target) -> None:
+    """A closed-loop run (eval, bench) needs a target whose actions the benchmark's robot takes.
+    OpenVLA is refused for now: its LIBERO protocol (the frame's JPEG round trip and resize, the
+    gripper's [0, 1] -> -1/+1 command, `heisd.benchmarks.libero_protocol`) is not in the loop yet."""
+    from heisd.benchmarks.registry import action_dim
+    from heisd.errors import UsageError
+    from heisd.targets import checkpoint_kind
+    from heisd.targets.load import OPENVLA
+
+    dims, takes = target.spec.action_dim, action_dim(args.benchmark)
+    if dims != takes:
+        raise UsageError(f"--target's actions have {dims} dims, --benchmark {args.benchmark} takes {takes}")
+    if checkpoint_kind(args.target) == OPENVLA:
+        raise UsageError("--target is an OpenVLA checkpoint: closed-loop eval/bench do not apply OpenVLA's LIBERO "
+                         "image and gripper protocol yet; run it offline with `heisd replay`")
 
 
 def load_policy(args: argparse.Namespace, cfg):
@@ -113,5 +159,5 @@ def load_policy(args: argparse.Namespace, cfg):
     from heisd.runtime.methods import build_decoders
     from heisd.runtime.policy import VLAPolicy
 
-    vla = load_target(args)
-    return VLAPolicy(vla, build_decoders(cfg, vla))
+    target = load_target(args)
+    return VLAPolicy(target, build_decoders(cfg, target))

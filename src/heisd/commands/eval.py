@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.benchmarks.registry import resolve_tasks
-    from heisd.commands.common import load_policy, method_config
+    from heisd.commands.common import check_closed_loop, load_policy, method_config
     from heisd.errors import InputError, UsageError
     from heisd.runtime.evaluation import EvalConfig, evaluate
     from heisd.runtime.runinfo import run_identity, server_identity
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = method_config(args)
         policy, label = load_policy(args, cfg), cfg.label
-        identity, chunk = run_identity(policy.vla.fingerprint(), cfg, args.target), policy.vla.config.chunk
+        check_closed_loop(args, policy.target)
+        identity, chunk = run_identity(policy.target.fingerprint(), cfg, args.target), policy.target.spec.chunk
     if args.execute > chunk:
         raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
     summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute,

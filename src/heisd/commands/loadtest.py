@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from heisd.serving.loadtest import LoadConfig, run_loadtest
     from heisd.storage import OutputKind, check_output, write_text
     from heisd.storage.guard import json_file_with
-    from heisd.vla import VLA
+    from heisd.targets import load_target
 
     report_kind = OutputKind("loadtest report", json_file_with("server", "method", "demos"))
     if args.out:
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     except ServerUnreachable as err:
         raise SystemExit(f"--server: {err}") from None
     target = info["target"]
-    vla = VLA.from_pretrained(target["path"]).eval()
+    vla = load_target(target["path"])
     if vla.fingerprint() != target["fingerprint"]:
         raise SystemExit(f"{target['path']}: not the server's target (fingerprints differ); run the loadtest "
                          "from the server's working directory")
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         with DemoFile(path) as f:
             episodes += list(f)
     report = {"server": args.server, "method": info["method"], "target": target["path"], "demos": args.demos,
-              **run_loadtest(args.server, policy, vla.config.chunk, episodes, cfg)}
+              **run_loadtest(args.server, policy, vla.spec.chunk, episodes, cfg)}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

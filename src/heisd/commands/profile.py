@@ -13,12 +13,12 @@ from heisd.storage.guard import json_file_with
 HELP = "Measure the per-piece cost of a target (or a random OpenVLA-7B) on this device."
 PROFILE = OutputKind("profile", json_file_with("target", "device", "versions"))
 
-DTYPES = ("float32", "bfloat16", "float16")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from heisd.commands.common import TARGET_HELP, add_target_arguments
+
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--target", type=Path, help="target checkpoint directory (OpenVLA or heisd VLA)")
+    which.add_argument("--target", type=Path, help=TARGET_HELP)
     which.add_argument("--random-openvla-7b", action="store_true",
                        help="build an OpenVLA-7B-shaped model with random weights on --device (no download)")
     p.add_argument("--random-shape", choices=("7b", "tiny"), default="7b",
@@ -26,11 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(a cheap dry run)")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing profile at --out")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and activations dtype")
-    p.add_argument("--unnorm-key", default=None,
-                   help="OpenVLA: action statistics to load (needed when the checkpoint has several; "
-                        "they do not change the costs)")
+    add_target_arguments(p, target=False)
     drafter = p.add_mutually_exclusive_group()
     drafter.add_argument("--drafter", type=Path, default=None,
                          help="drafter directory: time one drafter pass (any drafter of the target's width)")
@@ -81,8 +77,7 @@ def _load(args: argparse.Namespace, device, dtype):
     elif args.drafter is not None:
         from heisd.drafter.model import Drafter, DrafterTarget
 
-        spec = target.spec
-        bound = DrafterTarget(target.llm, spec.vocab_size, spec.n_bins, target.fingerprint())
+        bound = DrafterTarget.from_target(target)
         # any drafter of the right width costs the same; training against this target is not needed here
         drafter = Drafter.from_pretrained(args.drafter, bound, allow_fingerprint_mismatch=True)
     datastore = None
@@ -97,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
+    from heisd.commands.common import target_device
     from heisd.drafter.model import DrafterError
     from heisd.profiling import ProfileConfig, format_table, profile_target
     from heisd.retrieval.manifest import DatastoreError
@@ -104,9 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_output(args.out, PROFILE, args.overwrite)
     torch.set_num_threads(args.threads)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible to torch")
+    device, dtype = target_device(args)
     try:
         target, name, drafter, datastore = _load(args, device, dtype)
     except (CheckpointError, DrafterError, DatastoreError) as e:

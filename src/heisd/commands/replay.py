@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(out, REPLAY_RUN, args.overwrite)
     cfg = method_config(args)
     policy = load_policy(args, cfg)
-    reference = VLAPolicy(policy.vla, build_decoders(method_config(args, "ar"), policy.vla))
+    reference = VLAPolicy(policy.target, build_decoders(method_config(args, "ar"), policy.target))
     with directory_lock(out):
         result = replay(policy, reference, cfg.label, args.demos, args.frames)
         write_json(out / REPLAY_FILE, result)

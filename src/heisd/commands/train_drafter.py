@@ -9,7 +9,9 @@ HELP = "Train the EAGLE-style drafter on the target VLA's own greedy outputs ove
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", type=Path, required=True, help="target VLA checkpoint directory")
+    from heisd.commands.common import add_target_arguments
+
+    add_target_arguments(parser)
     parser.add_argument("--demos", type=Path, nargs="+", required=True, help="HDF5 demonstration files")
     parser.add_argument("--out", type=Path, required=True,
                         help="drafter directory (also caches the generated target features)")
@@ -30,15 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    from heisd.commands.common import load_target
     from heisd.drafter.train import DrafterTrainConfig, train_drafter
 
-    torch.set_num_threads(args.threads)
     cfg = DrafterTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                              max_frames=args.max_frames, feature_weight=args.feature_weight,
                              token_weight=args.token_weight, eval_every=args.eval_every)
-    info = train_drafter(args.target, args.demos, args.out, cfg, overwrite=args.overwrite,
+    info = train_drafter(load_target(args), args.target, args.demos, args.out, cfg, overwrite=args.overwrite,
                          skip_invalid=args.skip_invalid_episodes)
     final = info["final"]
     print(f"drafter: {args.out}  frames={info['train_frames']}  held-out top-1={final['val_top1']:.3f}  "

@@ -102,12 +102,11 @@ def _target_policy(directory: str):
 
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
-    from heisd.vla import VLA
+    from heisd.targets import load_target
 
     torch.set_num_threads(1)  # one simulator + one model per process
-    vla = VLA.from_pretrained(directory)
-    vla.eval()
-    return VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
+    target = load_target(directory)
+    return VLAPolicy(target, build_decoders(MethodConfig("ar"), target))
 
 
 def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True,

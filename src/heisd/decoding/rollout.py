@@ -19,15 +19,12 @@ class Features:
 
 
 @torch.no_grad()
-def greedy_rollout(llm: PreTrainedModel, prefix_embeds: torch.Tensor, n_tokens: int,
-                   prefix_mask: torch.Tensor | None = None) -> Features:
-    """Greedy-decode `n_tokens` after each prefix of [B, P, d]. `prefix_mask` [B, P] (1 = real)
-    allows LEFT-padded prefixes of different lengths; None means no padding."""
+def greedy_rollout(llm: PreTrainedModel, prefix_embeds: torch.Tensor, n_tokens: int) -> Features:
+    """Greedy-decode `n_tokens` after each prefix of [B, P, d] (same length, none padded: batches
+    are frames of one prompt, `heisd.targets.rollout`)."""
     decoder, lm_head = llm.get_decoder(), llm.get_output_embeddings()
-    if prefix_mask is None:
-        prefix_mask = torch.ones(prefix_embeds.shape[:2], dtype=torch.long, device=prefix_embeds.device)
-    mask = prefix_mask.long()
-    positions = (mask.cumsum(1) - 1).clamp(min=0)  # pads do not shift the positions of real tokens
+    mask = torch.ones(prefix_embeds.shape[:2], dtype=torch.long, device=prefix_embeds.device)
+    positions = mask.cumsum(1) - 1
     cache = DynamicCache(config=llm.config)
     out = decoder(inputs_embeds=prefix_embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
     hidden = [out.last_hidden_state[:, -1]]

@@ -30,6 +30,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from heisd.config_types import check_types
 from heisd.decoding.vocab import ActionVocab
 from heisd.errors import HeisdError
+from heisd.targets.base import Target
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -49,8 +50,9 @@ class DrafterTarget:
     fingerprint: str | None = None  # identifies the target's weights; None for a bare LM (tests)
 
     @classmethod
-    def from_vla(cls, vla: Any) -> DrafterTarget:
-        return cls(vla.llm, vla.config.vocab_size, vla.config.n_bins, vla.fingerprint())
+    def from_target(cls, target: Target) -> DrafterTarget:
+        spec = target.spec
+        return cls(target.llm, spec.vocab_size, spec.n_bins, target.fingerprint())
 
     @property
     def hidden_size(self) -> int:

@@ -14,22 +14,25 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
+from itertools import groupby
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from heisd.decoding.rollout import Features, greedy_rollout
+from heisd.data.dataset import DemoFile, DemoFormatError
+from heisd.decoding.rollout import Features
 from heisd.drafter.model import CONFIG_FILE, WEIGHTS_FILE, Drafter, DrafterConfig, DrafterTarget, additive_mask
 from heisd.errors import InputError
 from heisd.storage import OutputKind, atomic_file, check_output, clear_output, directory_lock, write_json
 from heisd.storage.guard import json_with
-from heisd.vla import VLA
-from heisd.vla.frames import Frames, build_frames, read_episodes
+from heisd.targets.base import Target
+from heisd.targets.rollout import rollout_frames
 
 FEATURES_FILE = "features.safetensors"
 LOG_FILE = "train_log.jsonl"
@@ -52,41 +55,67 @@ class DrafterTrainConfig:
     val_fraction: float = 0.05  # episodes held out for the reported accuracy
     max_frames: int | None = None  # random subset of training frames: bounds generation time
     max_val_frames: int = 2048  # held-out frames (evenly spaced subset)
-    rollout_batch_size: int = 64  # frames per target pass while generating features
+    rollout_batch_size: int = 64  # frames per target pass while generating features (one episode's at most)
     eval_every: int = 500  # steps between held-out evaluations (train_log.jsonl)
 
 
-@dataclass
-class _Subset:
-    """Some frames of a ``Frames``, batched the same way."""
+@dataclass(frozen=True)
+class EpisodeRef:
+    """A successful demonstration episode, read when its frames are encoded."""
 
-    frames: Frames
-    idx: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.idx)
-
-    def batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.frames.batch(self.idx[idx])
+    path: Path
+    name: str
+    length: int  # frames
 
 
-def vla_features(vla: VLA, frames: Frames | _Subset, batch_size: int, desc: str) -> Features:
+def successful_episodes(demos: Sequence[Path], skip_invalid: bool = False) -> list[EpisodeRef]:
+    """Failed demonstrations are left out: the drafter learns the target on the task's real states.
+    `skip_invalid`: episodes with unusable data are left out too (listed on stderr), else refused."""
+    refs = []
+    for path in demos:
+        with DemoFile(path, skip_invalid) as f:
+            if f.skipped:
+                print(f"{path}: left out {len(f.skipped)} invalid episodes: "
+                      + "; ".join(f"{k} {v}" for k, v in f.skipped.items()), file=sys.stderr)
+            refs += [EpisodeRef(Path(path), ep.name, len(ep)) for ep in f if ep.success]
+    if not refs:
+        raise DemoFormatError(f"no successful episodes in {[str(p) for p in demos]}")
+    return refs
+
+
+def target_features(target: Target, episodes: Sequence[EpisodeRef], idx: torch.Tensor, batch_size: int,
+                    desc: str) -> Features:
+    """The target's greedy rollout on frames `idx` (sorted, counted over `episodes` in order), in
+    batches of one episode's frames: one instruction per batch, so no prompt is ever padded."""
+    starts = np.cumsum([0] + [e.length for e in episodes])
     parts = []
-    for idx in tqdm(torch.arange(len(frames)).split(batch_size), desc=desc, dynamic_ncols=True):
-        b = frames.batch(idx)
-        with torch.no_grad():
-            embeds = vla.prefix_embeds(b["images"], b["prompt_ids"], b["state"])
-        n_fixed = embeds.shape[1] - b["prompt_ids"].shape[1]  # image + state tokens, never padded
-        mask = torch.cat([b["prompt_mask"].new_ones(len(idx), n_fixed), b["prompt_mask"]], 1)
-        parts.append(greedy_rollout(vla.llm, embeds, vla.config.n_action_tokens, mask))
+    with tqdm(total=len(idx), desc=desc, unit="frame", dynamic_ncols=True) as bar:
+        for path, group in groupby(range(len(episodes)), key=lambda e: episodes[e].path):
+            with DemoFile(path) as f:
+                for e in group:
+                    steps = (idx[(idx >= starts[e]) & (idx < starts[e + 1])] - starts[e]).numpy()
+                    if not len(steps):
+                        continue
+                    ep = f.episode(episodes[e].name)
+                    for chunk in np.array_split(steps, -(-len(steps) // batch_size)):
+                        out = rollout_frames(target, ep.images[chunk], ep.instruction, ep.state[chunk])
+                        parts.append(out.features)
+                        bar.update(len(chunk))
     return Features(torch.cat([p.hidden for p in parts]), torch.cat([p.tokens for p in parts]))
+
+
+def rows(drafter: Drafter, feats: Features, idx: torch.Tensor) -> Features:
+    """Rows `idx` of the generated (CPU, float32) features on the drafter's device, in its dtype."""
+    w = drafter.fc.weight
+    return Features(feats.hidden[idx].to(w.device, w.dtype), feats.tokens[idx].to(w.device))
 
 
 def drafter_outputs(drafter: Drafter, feats: Features) -> torch.Tensor:
     """Teacher-forced drafter outputs [B, n-1, d] for pairs 0..n-2 (pair i predicts feature i+1)."""
     b, n = feats.tokens.shape
-    positions = torch.arange(n - 1).expand(b, -1)
-    causal = additive_mask(torch.ones(n - 1, n - 1, dtype=torch.bool).tril())
+    device = feats.tokens.device
+    positions = torch.arange(n - 1, device=device).expand(b, -1)
+    causal = additive_mask(torch.ones(n - 1, n - 1, dtype=torch.bool).tril()).to(device)
     return drafter(feats.hidden[:, :-1], feats.tokens[:, :-1], positions, causal)
 
 
@@ -103,10 +132,10 @@ def top1_accuracy(drafter: Drafter, feats: Features, batch_size: int = 512) -> t
     """How often the drafter's best action token equals the target's greedy token (overall, per position 1..n-1)."""
     hits = []
     for idx in torch.arange(len(feats)).split(batch_size):
-        part = Features(feats.hidden[idx], feats.tokens[idx])
+        part = rows(drafter, feats, idx)
         best = drafter.action_logits(drafter_outputs(drafter, part)).argmax(-1) + drafter.first_action_id
         hits.append(best == part.tokens[:, 1:])
-    ok = torch.cat(hits).float()
+    ok = torch.cat(hits).float().cpu()
     return ok.mean().item(), [round(v, 4) for v in ok.mean(0).tolist()]
 
 
@@ -129,7 +158,7 @@ def fit(drafter: Drafter, train: Features, cfg: DrafterTrainConfig, val: Feature
     bar = tqdm(range(1, cfg.steps + 1), desc="train-drafter", dynamic_ncols=True)
     for step in bar:
         idx = torch.randint(len(train), (min(cfg.batch_size, len(train)),), generator=gen)
-        loss, parts = drafter_loss(drafter, Features(train.hidden[idx], train.tokens[idx]), cfg)
+        loss, parts = drafter_loss(drafter, rows(drafter, train, idx), cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
@@ -153,22 +182,23 @@ def fit(drafter: Drafter, train: Features, cfg: DrafterTrainConfig, val: Feature
     return metrics
 
 
-def _split_frames(records: list, vla: VLA, cfg: DrafterTrainConfig) -> tuple[Frames, torch.Tensor, Frames, torch.Tensor]:
-    """Held-out whole episodes (unseen trajectories), then frame subsets of both sides."""
-    if len(records) < 2:
+def split_frames(episodes: list[EpisodeRef], cfg: DrafterTrainConfig
+                 ) -> tuple[list[EpisodeRef], torch.Tensor, list[EpisodeRef], torch.Tensor]:
+    """Held-out whole episodes (unseen trajectories), then frame subsets of both sides:
+    (train episodes, their frames used, held-out episodes, their frames used)."""
+    if len(episodes) < 2:
         raise InputError("need at least 2 successful episodes: one is held out for the accuracy")
-    perm = torch.randperm(len(records), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-    n_val = min(len(records) - 1, max(1, round(cfg.val_fraction * len(records))))
-    side = [build_frames([records[i] for i in sorted(ids)], vla.text_tokenizer, vla.action_tokenizer,
-                         vla.config.chunk) for ids in (perm[n_val:], perm[:n_val])]
-    train, val = side
-    n_train = len(train) if cfg.max_frames is None else min(cfg.max_frames, len(train))
-    train_idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed))[:n_train].sort().values
-    val_idx = torch.linspace(0, len(val) - 1, min(cfg.max_val_frames, len(val))).round().long().unique()
+    perm = torch.randperm(len(episodes), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    n_val = min(len(episodes) - 1, max(1, round(cfg.val_fraction * len(episodes))))
+    train, val = ([episodes[i] for i in sorted(ids)] for ids in (perm[n_val:], perm[:n_val]))
+    n_train_all, n_val_all = (sum(e.length for e in side) for side in (train, val))
+    n_train = n_train_all if cfg.max_frames is None else min(cfg.max_frames, n_train_all)
+    train_idx = torch.randperm(n_train_all, generator=torch.Generator().manual_seed(cfg.seed))[:n_train].sort().values
+    val_idx = torch.linspace(0, n_val_all - 1, min(cfg.max_val_frames, n_val_all)).round().long().unique()
     return train, train_idx, val, val_idx
 
 
-def _features(vla: VLA, fingerprint: str, demos: Sequence[Path], out: Path,
+def _features(target: Target, fingerprint: str, demos: Sequence[Path], out: Path,
               cfg: DrafterTrainConfig, skip_invalid: bool) -> tuple[Features, Features, dict]:
     """Generated target features, from the cache in ``out`` when it was made the same way."""
     key = json.dumps({"target": fingerprint, "seed": cfg.seed, "val_fraction": cfg.val_fraction,
@@ -185,11 +215,9 @@ def _features(vla: VLA, fingerprint: str, demos: Sequence[Path], out: Path,
                     Features(t["val_hidden"].float(), t["val_tokens"]), {"features_cached": True})
         print(f"{path} was made from other data or another target: regenerating")
     start = time.perf_counter()
-    records, _, _ = read_episodes(list(demos), vla.config.image_size, skip_invalid=skip_invalid)
-    train_frames, train_idx, val_frames, val_idx = _split_frames(records, vla, cfg)
-    del records
-    train = vla_features(vla, _Subset(train_frames, train_idx), cfg.rollout_batch_size, "target rollout (train)")
-    val = vla_features(vla, _Subset(val_frames, val_idx), cfg.rollout_batch_size, "target rollout (held out)")
+    train_eps, train_idx, val_eps, val_idx = split_frames(successful_episodes(demos, skip_invalid), cfg)
+    train = target_features(target, train_eps, train_idx, cfg.rollout_batch_size, "target rollout (train)")
+    val = target_features(target, val_eps, val_idx, cfg.rollout_batch_size, "target rollout (held out)")
     tensors = {"train_hidden": train.hidden.half(), "train_tokens": train.tokens,  # fp16: half the disk
                "val_hidden": val.hidden.half(), "val_tokens": val.tokens}
     with atomic_file(path) as tmp:
@@ -197,9 +225,11 @@ def _features(vla: VLA, fingerprint: str, demos: Sequence[Path], out: Path,
     return train, val, {"features_cached": False, "generation_time_s": round(time.perf_counter() - start, 1)}
 
 
-def train_drafter(target_dir: Path, demos: Sequence[Path], out: Path, cfg: DrafterTrainConfig,
-                  overwrite: bool = False, skip_invalid: bool = False) -> dict:
-    """Generate (or reuse) target features, train a drafter, save it to ``out``; returns train_info.
+def train_drafter(target: Target, target_dir: str | Path, demos: Sequence[Path], out: Path,
+                  cfg: DrafterTrainConfig, overwrite: bool = False, skip_invalid: bool = False) -> dict:
+    """Generate (or reuse) `target`'s features, train a drafter, save it to ``out``; returns train_info.
+    The drafter's layer copies the target LLM's shape (`DrafterConfig.for_target`): a 4096-wide
+    target gets a 4096-wide drafter.
 
     A drafter already in ``out`` needs ``overwrite`` (the feature cache is kept and reused);
     ``out`` holds the lock meanwhile. ``skip_invalid``: leave out episodes with unusable data.
@@ -209,23 +239,22 @@ def train_drafter(target_dir: Path, demos: Sequence[Path], out: Path, cfg: Draft
     with directory_lock(out):
         if replace:
             clear_output(out, DRAFTER_RUN)
-        return _train_drafter(Path(target_dir), demos, out, cfg, skip_invalid)
+        return _train_drafter(target, target_dir, demos, out, cfg, skip_invalid)
 
 
-def _train_drafter(target_dir: Path, demos: Sequence[Path], out: Path, cfg: DrafterTrainConfig,
-                   skip_invalid: bool) -> dict:
+def _train_drafter(target: Target, target_dir: str | Path, demos: Sequence[Path], out: Path,
+                   cfg: DrafterTrainConfig, skip_invalid: bool) -> dict:
     wall0 = time.perf_counter()
-    vla = VLA.from_pretrained(target_dir).eval()
-    target = DrafterTarget.from_vla(vla)
-    train, val, gen_info = _features(vla, target.fingerprint, [Path(p) for p in demos], out, cfg, skip_invalid)
+    bound = DrafterTarget.from_target(target)
+    train, val, gen_info = _features(target, bound.fingerprint, [Path(p) for p in demos], out, cfg, skip_invalid)
     torch.manual_seed(cfg.seed)
-    drafter = Drafter(DrafterConfig.for_target(target, max_positions=vla.config.n_action_tokens), target)
+    drafter = Drafter(DrafterConfig.for_target(bound, max_positions=target.spec.n_action_tokens), bound)
     (out / LOG_FILE).unlink(missing_ok=True)
     t0 = time.perf_counter()
     metrics = fit(drafter, train, cfg, val, out / LOG_FILE)
     drafter.save_pretrained(out)
     info = {"command": " ".join(sys.argv), "seed": cfg.seed, "target": str(target_dir),
-            "target_fingerprint": target.fingerprint, "demos": [str(p) for p in demos],
+            "target_fingerprint": bound.fingerprint, "demos": [str(p) for p in demos],
             "train_frames": len(train), "val_frames": len(val), "val_top1": metrics["val_top1"], **gen_info,
             "threads": torch.get_num_threads(), "drafter_params": sum(p.numel() for p in drafter.parameters()),
             "train_time_s": round(time.perf_counter() - t0, 1), "wall_time_s": round(time.perf_counter() - wall0, 1),

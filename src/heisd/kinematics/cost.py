@@ -105,8 +105,10 @@ class CostAwareSwitch:
         runs = _pooled([self._runs[(mode, b)] for b in bins])
         prefill, verify = self._pieces["prefill"].median(), self._pieces[f"verify:{mode}"].median()
         proposal = self._pieces[f"propose:{mode}"].median()
+        if None in (passes, runs, prefill, proposal):  # e.g. a bin no calibration frame fell into
+            return None
         verifies = max(passes - runs, 0.0)
-        if None in (passes, runs, prefill, proposal) or (verify is None and verifies > 0):
+        if verify is None and verifies > 0:
             return None
         proposals = verifies if mode == "drafter" else 1.0  # a drafter pass per verify; one query per step
         return runs * prefill + verifies * (verify or 0.0) + proposals * proposal

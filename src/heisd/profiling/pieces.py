@@ -55,7 +55,7 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
     device = llm.device
     rng = np.random.default_rng(config.seed)
     frame = torch.from_numpy(rng.integers(0, 256, (1, spec.image_size, spec.image_size, 3), dtype=np.uint8))
-    state = torch.zeros(1, spec.state_dim) if spec.state_dim else None
+    state = spec.state_input(np.zeros((1, spec.state_dim)))
     prompt = target.encode_prompt(config.instruction)
 
     def timed(work, after=None) -> dict[str, float | int]:

@@ -1,8 +1,8 @@
-"""Building the datastore from demonstrations with the target VLA (DESIGN 2.1).
+"""Building the datastore from demonstrations with the target (DESIGN 2.1).
 
-One entry per demonstration frame: key = the target's pooled vision feature beside the
-normalized state (`VLA.retrieval_key`); payload = the
-demonstrator's action tokens of this step and the next `n_sequences - 1` steps (frames),
+One entry per demonstration frame: key = the target's retrieval key (`Target.retrieval_key`:
+for the small VLA its pooled vision feature beside the normalized state, for OpenVLA its
+pooled projected patches); payload = the demonstrator's action tokens of this step and the next `n_sequences - 1` steps (frames),
 the target's own greedy tokens and its lm_head-input hidden state at the first action
 position (batched greedy decoding: exactly what the decode loop's prefill and AR steps
 compute), the end-effector position, episode / step / task. The manifest's extras carry the
@@ -21,16 +21,15 @@ import torch
 from tqdm import tqdm
 
 from heisd.data.dataset import DemoFile, DemoFormatError
-from heisd.decoding.rollout import greedy_rollout
 from heisd.errors import InputError
 from heisd.kinematics import KinematicConfig, KinematicStats
 from heisd.retrieval.datastore import Datastore, DatastoreWriter
 from heisd.retrieval.index import IndexConfig, IndexKind
 from heisd.retrieval.manifest import DATASTORE, read_manifest, sha256_file
 from heisd.storage import check_output
-from heisd.vla import VLA
+from heisd.targets.base import Target
+from heisd.targets.rollout import rollout_frames
 from heisd.vla.frames import chunk_targets
-from heisd.vla.vision import resize_images
 
 KINEMATIC_STATS_KEY = "kinematic_stats"  # extras: KinematicStats.to_dict() over the demonstrations
 LAYOUT_KEY = "action_layout"  # extras: action_dim, chunk, vocab_size, n_bins of the target
@@ -46,42 +45,37 @@ class BuildConfig:
 
 @dataclass
 class EncodedFrames:
-    keys: np.ndarray  # float32 [B, Dk] retrieval keys (`VLA.retrieval_key`; the datastore normalizes them)
+    keys: np.ndarray  # float32 [B, Dk] retrieval keys (`Target.retrieval_key`; the datastore normalizes them)
     own_tokens: np.ndarray  # int64 [B, n] the target's greedy action tokens
     hidden: np.ndarray  # float32 [B, Dh] lm_head input at the first action position
 
 
-@torch.no_grad()
-def encode_frames(vla: VLA, images: np.ndarray, instruction: str, states: np.ndarray) -> EncodedFrames:
+def encode_frames(target: Target, images: np.ndarray, instruction: str, states: np.ndarray) -> EncodedFrames:
     """Run the target on B frames of one instruction: key, greedy tokens, prefill hidden state."""
-    images_t = resize_images(torch.from_numpy(np.ascontiguousarray(images)), vla.config.image_size)
-    b = len(images_t)
-    prompt = vla.encode_prompt(instruction).expand(b, -1)
-    states_t = torch.from_numpy(np.asarray(states, dtype=np.float32))
-    rollout = greedy_rollout(vla.llm, vla.prefix_embeds(images_t, prompt, states_t), vla.config.n_action_tokens)
-    return EncodedFrames(keys=vla.retrieval_key(images_t, states_t).numpy().astype(np.float32),
-                         own_tokens=rollout.tokens.numpy(), hidden=rollout.hidden[:, 0].numpy().astype(np.float32))
+    out = rollout_frames(target, images, instruction, states)
+    return EncodedFrames(keys=out.keys.numpy(), own_tokens=out.features.tokens.numpy(),
+                         hidden=out.features.hidden[:, 0].numpy())
 
 
 @torch.no_grad()
-def key_dim(vla: VLA) -> int:
+def key_dim(target: Target) -> int:
     """Width of the retrieval key (asked of the model rather than re-derived from its pooling)."""
-    size = vla.config.image_size
-    state = torch.zeros(1, vla.config.state_dim)
-    return int(vla.retrieval_key(torch.zeros(1, size, size, 3, dtype=torch.uint8), state).shape[1])
+    spec = target.spec
+    frame = torch.zeros(1, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
+    return int(target.retrieval_key(frame, spec.state_input(np.zeros((1, spec.state_dim)))).shape[1])
 
 
-def demo_tokens(vla: VLA, actions: np.ndarray, n_sequences: int) -> np.ndarray:
+def demo_tokens(target: Target, actions: np.ndarray, n_sequences: int) -> np.ndarray:
     """int64 [T, n_sequences, n]: row t holds the tokenized chunks of steps t..t+n_sequences-1,
     each chunk = actions (s, s+1, ...) as the model predicts them; past the episode end the
     last action repeats (the robot holds its last command)."""
     t = len(actions)
-    ids = vla.action_tokenizer.encode(chunk_targets(actions, vla.config.chunk)).reshape(t, -1)
+    ids = target.action_tokenizer.encode(chunk_targets(actions, target.spec.chunk)).reshape(t, -1)
     steps = np.minimum(np.arange(t)[:, None] + np.arange(n_sequences)[None, :], t - 1)
     return ids[steps]
 
 
-def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
+def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | Path,
                     config: BuildConfig | None = None, overwrite: bool = False,
                     skip_invalid: bool = False, benchmark: str | None = None) -> dict[str, Any]:
     """Encode every frame of every successful episode and write the datastore; returns a summary.
@@ -93,10 +87,9 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
     `skip_invalid`: episodes with unusable data are left out (counted) instead of refused."""
     config = config or BuildConfig()
     check_output(Path(out_dir), DATASTORE, overwrite)  # before the expensive part; finalize checks again
-    vla.eval()
-    n_tokens, hidden_dim = vla.config.n_action_tokens, vla.config.hidden_size
-    writer = DatastoreWriter(key_dim=key_dim(vla), hidden_dim=hidden_dim, n_tokens=n_tokens,
-                             n_sequences=config.n_sequences, target_fingerprint=vla.fingerprint(),
+    spec = target.spec
+    writer = DatastoreWriter(key_dim=key_dim(target), hidden_dim=spec.hidden_size, n_tokens=spec.n_action_tokens,
+                             n_sequences=config.n_sequences, target_fingerprint=target.fingerprint(),
                              index_config=IndexConfig(kind=config.index))
     trajectories, episodes, dropped, start = [], 0, 0, time.perf_counter()
     # per file: who acted and its entries' episode ids [first, end): an entry's source is its episode's
@@ -117,10 +110,13 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
                     if not ep.success and source != "target":
                         dropped += 1
                         continue
-                    demo = demo_tokens(vla, ep.actions, config.n_sequences)
+                    if ep.actions.shape[1] != spec.action_dim:
+                        raise DemoFormatError(f"{path}: data/{ep.name}/actions has {ep.actions.shape[1]} dims, "
+                                              f"the target's actions have {spec.action_dim}")
+                    demo = demo_tokens(target, ep.actions, config.n_sequences)
                     for lo in range(0, len(ep), config.batch_size):
                         hi = min(lo + config.batch_size, len(ep))
-                        enc = encode_frames(vla, ep.images[lo:hi], ep.instruction, ep.state[lo:hi])
+                        enc = encode_frames(target, ep.images[lo:hi], ep.instruction, ep.state[lo:hi])
                         writer.add(keys=enc.keys, tokens=demo[lo:hi], own_tokens=enc.own_tokens,
                                    hidden=enc.hidden, ee_pos=ep.ee_pos[lo:hi], episode=episodes,
                                    step=np.arange(lo, hi), task=ep.task)
@@ -143,8 +139,8 @@ def build_datastore(vla: VLA, demos: Sequence[str | Path], out_dir: str | Path,
     extras = {
         KINEMATIC_STATS_KEY: KinematicStats.fit(trajectories, kinematic).to_dict(),
         "kinematic_config": asdict(kinematic),
-        LAYOUT_KEY: {"action_dim": vla.config.action_dim, "chunk": vla.config.chunk,
-                     "vocab_size": vla.config.vocab_size, "n_bins": vla.config.n_bins},
+        LAYOUT_KEY: {"action_dim": spec.action_dim, "chunk": spec.chunk, "vocab_size": spec.vocab_size,
+                     "n_bins": spec.n_bins},
         BUILD_KEY: summary,
     }
     writer.finalize(out_dir, extras=extras, overwrite=overwrite)
@@ -170,8 +166,8 @@ def check_held_out(root: str | Path, demos: Sequence[str | Path]) -> None:
                              "held-out demonstrations (e.g. heisd demos --seed 2)")
 
 
-def open_datastore(path: str | Path, vla: VLA, **kwargs: Any) -> Datastore:
-    """Load a datastore for `vla`; a datastore built for another target is refused (its
+def open_datastore(path: str | Path, target: Target, **kwargs: Any) -> Datastore:
+    """Load a datastore for `target`; a datastore built for another target is refused (its
     own tokens and hidden states would describe a different model)."""
-    return Datastore.load(path, expected_fingerprint=vla.fingerprint(),
-                          expected_key_dim=key_dim(vla), **kwargs)
+    return Datastore.load(path, expected_fingerprint=target.fingerprint(),
+                          expected_key_dim=key_dim(target), **kwargs)

@@ -34,7 +34,7 @@ NEVER_SKIP = float(np.nextafter(1.0, 2.0))
 
 def cosine(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
     """Cosine similarity in float64, clipped to [-1, 1] (float32 rounding can exceed 1)."""
-    a = np.asarray(a.detach().cpu() if isinstance(a, torch.Tensor) else a, dtype=np.float64).ravel()
+    a = np.asarray(a.detach().double().cpu() if isinstance(a, torch.Tensor) else a, dtype=np.float64).ravel()
     b = np.asarray(b, dtype=np.float64).ravel()
     denom = np.linalg.norm(a) * np.linalg.norm(b)
     return float(np.clip(a @ b / denom, -1.0, 1.0)) if denom > 0 else 0.0

@@ -41,7 +41,7 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
     return configs
 
 
-def run_bench(vla, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True,
+def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True,
               persist: MethodConfig | None = None, target_path: str | None = None) -> list[dict]:
     """Evaluate each configuration into out/<label>/ (each resumable, each run.json with the
     resources' fingerprints). `persist`: the configuration whose online skip thresholds are
@@ -59,10 +59,10 @@ def run_bench(vla, configs: list[MethodConfig], cfg: EvalConfig, out: Path, prog
         raise ValueError("the first configuration must be AR: speedups are ratios to it")
     out = Path(out)
     refuse_foreign(out, BENCH_RUN)
-    policies = [VLAPolicy(vla, build_decoders(mc, vla)) for mc in configs]
+    policies = [VLAPolicy(target, build_decoders(mc, target)) for mc in configs]
     if persist is not None:
         check_persistable(policies[configs.index(persist)].skip_thresholds())
-    fingerprint = vla.fingerprint()
+    fingerprint = target.fingerprint()
     with ExitStack() as held:
         held.enter_context(directory_lock(out))
         runs = [held.enter_context(EvalRun(mc.label, cfg, out / _folder(mc), run_identity(fingerprint, mc, target_path)))

@@ -121,25 +121,25 @@ class Decoders:
         return next(iter(self.by_mode)) if self.switch is None else None
 
 
-def build_decoders(cfg: MethodConfig, vla, datastore=None) -> Decoders:
+def build_decoders(cfg: MethodConfig, target, datastore=None) -> Decoders:
     """The method's decoders and, for heisd, its kinematic switch. `datastore`: an opened
     `cfg.datastore` (else it is opened here)."""
-    by_mode, retrieval = mode_decoders(cfg, vla, datastore)
+    by_mode, retrieval = mode_decoders(cfg, target, datastore)
     if cfg.method != "heisd":
         return Decoders(by_mode, None, retrieval)
-    return Decoders(by_mode, _switch(cfg, retrieval.datastore, vla.config.n_action_tokens), retrieval)
+    return Decoders(by_mode, _switch(cfg, retrieval.datastore, target.spec.n_action_tokens), retrieval)
 
 
-def mode_decoders(cfg: MethodConfig, vla, datastore=None) -> tuple[dict, object | None]:
+def mode_decoders(cfg: MethodConfig, target, datastore=None) -> tuple[dict, object | None]:
     """({mode: SpeculativeDecoder}, the RetrievalProposer or None): every decoder a method runs,
     built one way for eval, replay, bench and calibrate, so what is calibrated is what runs."""
     from heisd.decoding import (DecodeConfig, ExactAcceptance, JacobiProposer, SpeculativeDecoder,
                                 TokenRelaxedAcceptance, Verifier)
 
-    verifier = Verifier(vla.llm)
-    dcfg = DecodeConfig(n_tokens=vla.config.n_action_tokens, vocab_size=vla.config.vocab_size,
-                        n_bins=vla.config.n_bins)
-    drafter = _drafter_proposer(cfg, vla) if cfg.drafter else None
+    verifier = Verifier(target.llm)
+    spec = target.spec
+    dcfg = DecodeConfig(n_tokens=spec.n_action_tokens, vocab_size=spec.vocab_size, n_bins=spec.n_bins)
+    drafter = _drafter_proposer(cfg, target) if cfg.drafter else None
     if cfg.method == "ar":
         return {"drafter": SpeculativeDecoder(verifier, dcfg)}, None
     if cfg.method == "jacobi":
@@ -148,7 +148,7 @@ def mode_decoders(cfg: MethodConfig, vla, datastore=None) -> tuple[dict, object 
         rule = TokenRelaxedAcceptance(cfg.relaxed_r) if cfg.method == "specvla-relaxed" else ExactAcceptance()
         return {"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None
     fallback = drafter if cfg.retrieval_fallback == "drafter" else None
-    retrieval, rule = _retrieval_proposer(cfg, vla, datastore, fallback, SpeculativeDecoder(verifier, dcfg).vocab)
+    retrieval, rule = _retrieval_proposer(cfg, target, datastore, fallback, SpeculativeDecoder(verifier, dcfg).vocab)
     by_mode = {"retrieval": SpeculativeDecoder(verifier, dcfg, retrieval, rule)}
     if cfg.method == "heisd":
         # a fallback and the drafter mode share one proposer: its per-step state is bracketed
@@ -157,28 +157,29 @@ def mode_decoders(cfg: MethodConfig, vla, datastore=None) -> tuple[dict, object 
     return by_mode, retrieval
 
 
-def _drafter_proposer(cfg: MethodConfig, vla):
+def _drafter_proposer(cfg: MethodConfig, target):
     from heisd.drafter import Drafter, DrafterProposer, DrafterTarget
 
-    drafter = Drafter.from_pretrained(Path(cfg.drafter), DrafterTarget.from_vla(vla))
+    drafter = Drafter.from_pretrained(Path(cfg.drafter), DrafterTarget.from_target(target))
     drafter.eval()
     return DrafterProposer(drafter, TreeConfig(cfg.tree_topk, cfg.tree_depth, cfg.tree_budget))
 
 
-def retrieval_config(cfg: MethodConfig, vla) -> RetrievalConfig:
+def retrieval_config(cfg: MethodConfig, target) -> RetrievalConfig:
     """The retrieval settings of `cfg` for this target's action layout."""
-    return RetrievalConfig.for_action(vla.config.action_dim, vla.config.chunk, k=cfg.retrieval_k,
+    spec = target.spec
+    return RetrievalConfig.for_action(spec.action_dim, spec.chunk, k=cfg.retrieval_k,
                                       node_budget=cfg.retrieval_budget, payload=cfg.payload,
                                       continue_drafts=cfg.continuation, gripper_guard=cfg.gripper_guard)
 
 
-def _retrieval_proposer(cfg: MethodConfig, vla, datastore, fallback, vocab):
+def _retrieval_proposer(cfg: MethodConfig, target, datastore, fallback, vocab):
     from heisd.decoding import ExactAcceptance
     from heisd.retrieval import PrefillSkip, RetrievalProposer, VerifySkip, open_datastore
 
     if datastore is None:
-        datastore = open_datastore(cfg.datastore, vla)
-    rcfg = retrieval_config(cfg, vla)
+        datastore = open_datastore(cfg.datastore, target)
+    rcfg = retrieval_config(cfg, target)
     plain = cfg.lossless  # retrieval drafts checked exactly, never skipped
     skip = VerifySkip.from_datastore(datastore) if cfg.verify_skip and not plain else None
     early = PrefillSkip.from_datastore(datastore) if cfg.prefill_skip and not plain else None

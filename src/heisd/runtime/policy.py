@@ -1,4 +1,4 @@
-"""The VLA as a robot policy: `reset()`, then `act(obs)` per control step (LeRobot-style).
+"""The target VLA as a robot policy: `reset()`, then `act(obs)` per control step (LeRobot-style).
 
 One control step = vision + prefill + decoding of one action chunk with the method's decoder.
 The step's record carries every number DESIGN section 3 defines, measured here, in one place.
@@ -33,7 +33,7 @@ class StepRecord:
 
 @dataclass
 class VLAPolicy:
-    vla: object  # heisd.vla.VLA
+    target: object  # a heisd.targets.Target (the small VLA or OpenVLA)
     decoders: Decoders
     instruction: str = ""
     task: str | None = None
@@ -44,7 +44,7 @@ class VLAPolicy:
     def reset(self, instruction: str, task: str | None = None) -> None:
         """New episode: encode the prompt once, forget per-episode decoder state."""
         self.instruction, self.task = instruction, task
-        self._prompt = self.vla.encode_prompt(instruction)
+        self._prompt = self.target.encode_prompt(instruction)
         self._previous = None
         for decoder in self.decoders.by_mode.values():
             decoder.reset()
@@ -66,7 +66,7 @@ class VLAPolicy:
     @torch.inference_mode()
     def act(self, image: np.ndarray, state: np.ndarray,
             ee_path: Sequence[np.ndarray] | np.ndarray | None = None) -> tuple[np.ndarray, StepRecord]:
-        """uint8 image [H, W, 3] + state [state_dim] -> actions [chunk, action_dim] and the step record.
+        """uint8 image [H, W, 3] + recorded state [S] -> actions [chunk, action_dim] and the step record.
 
         `ee_path`: the end-effector positions reached since the previous call, one per executed
         environment step, latest last (a single [3] position is one step; default ``state[:3]``).
@@ -79,16 +79,16 @@ class VLAPolicy:
         mode, metric, expected = self._mode(path)
         switch = self.decoders.switch
         images = torch.from_numpy(np.ascontiguousarray(image))[None]
-        prefix, key = self.vla.encode_observation(images, self._prompt, torch.from_numpy(state)[None])
+        spec = self.target.spec
+        prefix, key = self.target.encode_observation(images, self._prompt, spec.state_input(state[None]))
         # proposers may read the previous action (Jacobi's warm start, the skips' gripper guard)
-        context = {"key": key[0].numpy(), "task": self.task, "previous_action": self._previous}
+        context = {"key": key[0].float().cpu().numpy(), "task": self.task, "previous_action": self._previous}
         t1 = time.perf_counter()
         result = self.decoders.by_mode[mode].decode(prefix, context)
         self._previous = list(result.tokens)
         if switch is not None:
             switch.observe(mode, metric, result)
-        cfg = self.vla.config
-        actions = self.vla.action_tokenizer.decode(np.asarray(result.tokens).reshape(cfg.chunk, cfg.action_dim))
+        actions = self.target.action_tokenizer.decode(np.asarray(result.tokens).reshape(spec.chunk, spec.action_dim))
         t2 = time.perf_counter()
         # retrieval's query time is part of the loop's draft time: report it on its own
         retrieval_ms = getattr(result.proposer_stats, "retrieval_ms", 0.0)

@@ -48,8 +48,8 @@ def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: li
            frames: int, progress: bool = True) -> dict:
     from tqdm import tqdm
 
-    tokenizer = policy.vla.action_tokenizer
-    stride = policy.vla.config.chunk
+    tokenizer = policy.target.action_tokenizer
+    stride = policy.target.spec.chunk
     rows, ar_latencies = [], []
     for ep, t, first in tqdm(replay_frames(paths, frames, stride), total=frames, desc=f"replay {method_label}",
                              unit="frame", disable=not progress):
@@ -88,6 +88,6 @@ def _skipped_deviation(policy: VLAPolicy, deviations: list[np.ndarray]) -> dict:
         return {"steps": len(deviations)}
     dev = np.stack(deviations)  # [S, n]
     bounds = np.asarray(retrieval.config.token_bounds())
-    cfg = policy.vla.config
+    spec = policy.target.spec
     return {"steps": len(dev), "out_of_bound_share": float((dev > bounds).mean()),
-            "max_bin_deviation_per_dim": dev.reshape(len(dev), cfg.chunk, cfg.action_dim).max(axis=(0, 1)).tolist()}
+            "max_bin_deviation_per_dim": dev.reshape(len(dev), spec.chunk, spec.action_dim).max(axis=(0, 1)).tolist()}

@@ -14,8 +14,8 @@ from heisd.serving.app import create_app
 from heisd.serving.service import PolicyService, ServeConfig, TargetFacts
 
 
-def make_service(vla, method, config: ServeConfig, target_path: str, benchmark: str = "mw") -> tuple[PolicyService, dict]:
-    """A service for `vla` decoded with `method` (a MethodConfig), and its /info document.
+def make_service(target, method, config: ServeConfig, target_path: str, benchmark: str = "mw") -> tuple[PolicyService, dict]:
+    """A service for `target` decoded with `method` (a MethodConfig), and its /info document.
 
     One policy is built here, so a wrong drafter or datastore fails at start-up, not at the
     first request; it becomes the first pooled policy. Later policies share its datastore (one
@@ -24,20 +24,20 @@ def make_service(vla, method, config: ServeConfig, target_path: str, benchmark: 
     from heisd.runtime.methods import build_decoders
     from heisd.runtime.policy import VLAPolicy
 
-    first = VLAPolicy(vla, build_decoders(method, vla))
+    first = VLAPolicy(target, build_decoders(method, target))
     datastore = None if first.decoders.retrieval is None else first.decoders.retrieval.datastore
 
     def make_policy() -> VLAPolicy:
-        return VLAPolicy(vla, build_decoders(method, vla, datastore))
+        return VLAPolicy(target, build_decoders(method, target, datastore))
 
     # the target's one set of action statistics is the benchmark's
-    facts = TargetFacts(vla.config.state_dim, (benchmark,), {name: t.instruction for name, t in TASKS.items()})
+    facts = TargetFacts(target.spec.state_dim, (benchmark,), {name: t.instruction for name, t in TASKS.items()})
     service = PolicyService(make_policy, facts, config)
     service.sessions.give_back(first)
-    return service, _info(vla, method, first, facts, config, target_path)
+    return service, _info(target, method, first, facts, config, target_path)
 
 
-def _info(vla, method, policy, facts: TargetFacts, config: ServeConfig, target_path: str) -> dict:
+def _info(target, method, policy, facts: TargetFacts, config: ServeConfig, target_path: str) -> dict:
     import fastapi
     import numpy
     import torch
@@ -47,8 +47,8 @@ def _info(vla, method, policy, facts: TargetFacts, config: ServeConfig, target_p
     retrieval = policy.decoders.retrieval
     datastore = None if retrieval is None else {"path": method.datastore, "entries": len(retrieval.datastore)}
     return {
-        "target": {"path": target_path, "fingerprint": vla.fingerprint(),
-                   "action_shape": [vla.config.chunk, vla.config.action_dim], "state_dim": facts.state_dim,
+        "target": {"path": target_path, "fingerprint": target.fingerprint(),
+                   "action_shape": [target.spec.chunk, target.spec.action_dim], "state_dim": facts.state_dim,
                    "torch_threads": torch.get_num_threads()},
         "method": method.label,
         "method_config": asdict(method),

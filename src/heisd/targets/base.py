@@ -32,6 +32,11 @@ class TargetSpec:
     state_dim: int  # proprioception values the target reads; 0 = it ignores the state
     pad_id: int  # text pad id, for left-padded prompt batches
 
+    def state_input(self, states: np.ndarray | torch.Tensor) -> torch.Tensor | None:
+        """Recorded robot states [B, S] as the target takes them: float32, or None for a target
+        that reads none (`state_dim` 0; OpenVLA), whatever the recording holds."""
+        return None if self.state_dim == 0 else torch.as_tensor(np.asarray(states, dtype=np.float32))
+
 
 @dataclass
 class TeacherForced:

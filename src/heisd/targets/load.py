@@ -43,4 +43,6 @@ def load_target(directory: str | Path, device: str | torch.device = "cpu", dtype
                               f"--unnorm-key applies to OpenVLA checkpoints only")
     from heisd.vla.model import VLA
 
-    return VLA.from_pretrained(directory).to(device=device, dtype=dtype).eval()
+    vla = VLA.from_pretrained(directory)
+    vla.pin_fingerprint()  # the stored weights' identity, in whatever dtype they run
+    return vla.to(device=device, dtype=dtype).eval()

@@ -139,6 +139,7 @@ class VLA(nn.Module):
         # not persistent: norm_stats.json is the single record of these numbers
         self.register_buffer("state_mean", torch.tensor(norm_stats.state_mean, dtype=torch.float32), persistent=False)
         self.register_buffer("state_std", torch.tensor(norm_stats.state_std, dtype=torch.float32), persistent=False)
+        self._pinned_fingerprint: str | None = None  # see pin_fingerprint
 
     @property
     def spec(self) -> TargetSpec:
@@ -158,16 +159,26 @@ class VLA(nn.Module):
         if state.shape[-1] != self.config.state_dim:
             raise ValueError(f"state has {state.shape[-1]} values, this model was trained with "
                              f"state_dim={self.config.state_dim} (a checkpoint from another benchmark version?)")
-        return self.state_proj((state.float() - self.state_mean) / self.state_std).unsqueeze(1)
+        return self.state_proj(self._normalized_state(state).to(self.state_proj.weight.dtype)).unsqueeze(1)
 
-    def prefix_embeds(self, images: torch.Tensor, prompt_ids: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _state(state: torch.Tensor | None, batch: int) -> torch.Tensor:
+        """None stands for no state values (`TargetSpec.state_input` of a model with state_dim 0)."""
+        return torch.zeros(batch, 0) if state is None else state
+
+    def _normalized_state(self, state: torch.Tensor) -> torch.Tensor:
+        return (state.to(self.state_mean.device).float() - self.state_mean.float()) / self.state_std.float()
+
+    def prefix_embeds(self, images: torch.Tensor, prompt_ids: torch.Tensor,
+                      state: torch.Tensor | None) -> torch.Tensor:
         """[image tokens | state token | prompt] embeddings, [B, P, d]; P = grid^2 + 1 + L."""
-        prompt = self.llm.get_input_embeddings()(prompt_ids)
-        return torch.cat([self.image_tokens(images), self.state_token(state), prompt], dim=1)
+        prompt = self.llm.get_input_embeddings()(prompt_ids.to(self.state_mean.device))
+        state_token = self.state_token(self._state(state, len(images)))
+        return torch.cat([self.image_tokens(images), state_token, prompt], dim=1)
 
-    def retrieval_key(self, images: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def retrieval_key(self, images: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
         """uint8 [B, H, W, 3] + state [B, state_dim] -> [B, 4*C + state_dim], the retrieval key."""
-        return self._key(self.vision.feature_map(images), state)
+        return self._key(self.vision.feature_map(images), self._state(state, len(images)))
 
     def _key(self, fmap: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         # The CNN features pooled on a 2x2 grid (where the object sits separates otherwise
@@ -175,18 +186,18 @@ class VLA(nn.Module):
         # neighbour must also agree on where the arm and the goal are. On held-out frames the
         # top-1 draft passed the group check 0.76 of the time with this key, 0.60 with vision alone.
         vision = nn.functional.normalize(nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1), dim=1)
-        state = (state.float() - self.state_mean) / self.state_std / self.config.state_dim ** 0.5
-        return torch.cat([vision, state], dim=1)
+        state = self._normalized_state(state) / self.config.state_dim ** 0.5
+        return torch.cat([vision.float(), state], dim=1)
 
     def encode_observation(self, images: torch.Tensor, prompt_ids: torch.Tensor,
-                           state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                           state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One vision pass for a control step: (prefix embeds [B, P, d], retrieval key [B, Dk]).
 
         Same values as `prefix_embeds` and `retrieval_key`, without running the CNN twice.
         """
-        fmap = self.vision.feature_map(images)
+        fmap, state = self.vision.feature_map(images), self._state(state, len(images))
         image_tokens = self.projector(fmap.flatten(2).transpose(1, 2))
-        prompt = self.llm.get_input_embeddings()(prompt_ids)
+        prompt = self.llm.get_input_embeddings()(prompt_ids.to(self.state_mean.device))
         prefix = torch.cat([image_tokens, self.state_token(state), prompt], dim=1)
         return prefix, self._key(fmap, state)
 
@@ -232,4 +243,9 @@ class VLA(nn.Module):
     def fingerprint(self) -> str:
         from heisd.vla.checkpoint import fingerprint
 
-        return fingerprint(self)
+        return self._pinned_fingerprint or fingerprint(self)
+
+    def pin_fingerprint(self) -> None:
+        """Keep the fingerprint of the weights as they are now: a checkpoint cast to another dtype
+        for inference stays the target its drafters and datastores were made for."""
+        self._pinned_fingerprint = self.fingerprint()

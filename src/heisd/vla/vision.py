@@ -61,7 +61,8 @@ class VisionEncoder(nn.Module):
 
     def feature_map(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> features [B, C, grid, grid]. Random shift only in training mode."""
-        x = resize_images(images, self.image_size).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        x = resize_images(images, self.image_size).permute(0, 3, 1, 2).to(self.coords.device).float() / 127.5 - 1.0
+        x = x.to(self.coords.dtype)  # the weights' device and dtype (--device, --dtype)
         if self.training and self.shift_pad > 0:
             x = random_shift(x, self.shift_pad)
         x = torch.cat([x, self.coords.expand(x.shape[0], -1, -1, -1)], dim=1)

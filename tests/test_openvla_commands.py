@@ -1,0 +1,123 @@
+"""Every command on an OpenVLA checkpoint directory (`--target DIR`, recognized from config.json):
+train-drafter, build-datastore, calibrate, replay with every method, profile, on LIBERO-layout
+demonstrations with 7-D actions and no proprioception read by the target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import write_libero_demo_file
+
+from heisd.cli import main
+from heisd.data.dataset import DemoFile
+
+KEY = ["--unnorm-key", "libero_spatial", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def run(tiny_openvla_dir, tmp_path_factory):
+    """Demonstrations, a trained drafter, a calibrated datastore: each made by its command."""
+    work = tmp_path_factory.mktemp("openvla-commands")
+    target = ["--target", str(tiny_openvla_dir), *KEY]
+    train, held_out = work / "train.hdf5", work / "held_out.hdf5"
+    write_libero_demo_file(train, episodes=4, steps=16, seed=0)
+    write_libero_demo_file(held_out, episodes=2, steps=16, seed=1)
+    assert main(["train-drafter", *target, "--demos", str(train), "--out", str(work / "drafter"), "--steps", "4",
+                 "--batch-size", "8", "--eval-every", "4", "--max-frames", "16"]) == 0
+    assert main(["build-datastore", *target, "--demos", str(train), "--out", str(work / "store"),
+                 "--batch-size", "16"]) == 0
+    assert main(["calibrate", *target, "--datastore", str(work / "store"), "--demos", str(held_out),
+                 "--drafter", str(work / "drafter"), "--frames", "32", "--seed", "0"]) == 0
+    return {"dir": tiny_openvla_dir, "work": work, "target": target, "train": train, "held_out": held_out}
+
+
+def test_drafter_follows_the_targets_width_and_action_count(run, tiny_openvla):
+    info = json.loads((run["work"] / "drafter" / "train_info.json").read_text())
+    config = info["drafter_config"]
+    spec = tiny_openvla.spec
+    assert config["hidden_size"] == spec.hidden_size and config["max_positions"] == spec.n_action_tokens == 7
+    assert config["intermediate_size"] == tiny_openvla.llm.config.intermediate_size
+    assert info["target_fingerprint"] == tiny_openvla.fingerprint()
+    assert info["train_frames"] == 16 and info["val_frames"] == 16  # one 16-step episode held out
+
+
+def test_datastore_holds_openvla_tokens_and_keys(run, tiny_openvla):
+    manifest = json.loads((run["work"] / "store" / "manifest.json").read_text())
+    extras = manifest["extras"]
+    assert extras["action_layout"] == {"action_dim": 7, "chunk": 1, "vocab_size": 32000, "n_bins": 256}
+    assert manifest["n_entries"] == 64 and manifest["n_tokens"] == 7
+    assert manifest["key_dim"] == manifest["hidden_dim"] == tiny_openvla.spec.hidden_size  # pooled projector output
+    assert manifest["target_fingerprint"] == tiny_openvla.fingerprint()
+    assert {"hybrid", "verify_skip", "prefill_skip"} <= set(extras)  # calibrate stored its thresholds
+
+
+def replay(run, method: str, *flags: str, demos: str = "held_out") -> dict:
+    out = run["work"] / f"replay-{method}-{'-'.join(f.strip('-') for f in flags)}-{demos}"
+    argv = ["replay", "--method", method, *run["target"], "--demos", str(run[demos]), "--frames", "6",
+            "--drafter", str(run["work"] / "drafter"), "--datastore", str(run["work"] / "store"), "--out", str(out),
+            *flags]
+    assert main(argv) == 0
+    return json.loads((out / "replay.json").read_text())
+
+
+@pytest.mark.parametrize("method, flags", [("ar", ()), ("jacobi", ()), ("specvla", ()),
+                                           ("retrieval", ("--lossless",)), ("heisd", ("--lossless",))])
+def test_exact_methods_give_the_ar_tokens(run, method, flags):
+    result = replay(run, method, *flags)
+    assert result["frames"] == 6 and result["token_mismatch_rate"] == 0.0 and result["max_bin_deviation"] == 0
+
+
+def test_retrieval_on_stored_frames_drafts_the_whole_action(run):
+    """Frames the datastore holds retrieve the target's own tokens: the prefill's token and all 6
+    drafted ones accepted in one verification pass (7 tokens, 2 target forwards)."""
+    result = replay(run, "retrieval", "--lossless", demos="train")
+    assert result["token_mismatch_rate"] == 0.0
+    assert result["target_forwards"] == 2.0 and result["acceptance_length"] == 3.5
+
+
+@pytest.mark.parametrize("method", ["specvla-relaxed", "retrieval", "heisd"])
+def test_relaxed_methods_decode_seven_token_actions(run, method):
+    result = replay(run, method)
+    assert result["frames"] == 6 and result["control_steps"] == 6
+    assert len(result["skipped_steps"].get("max_bin_deviation_per_dim", [0] * 7)) == 7
+
+
+def test_bfloat16_target_runs_heisd_with_its_skips(run):
+    """The same drafter and datastore bind to the checkpoint loaded in bfloat16 (one fingerprint)."""
+    result = replay(run, "heisd", "--dtype", "bfloat16")
+    assert result["frames"] == 6 and 0.0 <= result["token_mismatch_rate"] <= 1.0
+
+
+def test_profile_with_the_trained_drafter_and_datastore(run):
+    out = run["work"] / "profile.json"
+    assert main(["profile", *run["target"], "--drafter", str(run["work"] / "drafter"), "--datastore",
+                 str(run["work"] / "store"), "--out", str(out), "--repeats", "1", "--warmup", "0",
+                 "--tree-sizes", "4"]) == 0
+    pieces = json.loads(out.read_text())["pieces_ms"]
+    assert {"vision", "prefill", "decode_step", "tree_verify", "drafter_pass", "datastore_query"} <= set(pieces)
+
+
+def test_openvla_reads_no_state_so_the_recorded_one_does_not_matter(run, tiny_openvla):
+    from heisd.targets.rollout import rollout_frames
+
+    with DemoFile(run["held_out"]) as f:
+        ep = next(iter(f))
+    a = rollout_frames(tiny_openvla, ep.images[:2], ep.instruction, ep.state[:2])
+    b = rollout_frames(tiny_openvla, ep.images[:2], ep.instruction, ep.state[:2] * 0 + 5)
+    assert tiny_openvla.spec.state_input(ep.state[:2]) is None
+    assert a.features.tokens.tolist() == b.features.tokens.tolist()
+
+
+def test_eval_refuses_an_openvla_target_on_meta_world(run):
+    with pytest.raises(SystemExit, match="7 dims, --benchmark mw takes 4"):
+        main(["eval", "--method", "ar", *run["target"], "--tasks", "reach-v3", "--episodes", "1",
+              "--out", str(run["work"] / "eval")])
+
+
+def test_missing_unnorm_key_names_the_available_ones(run, tmp_path):
+    from heisd.vla import CheckpointError
+
+    with pytest.raises(CheckpointError, match="--unnorm-key"):
+        main(["replay", "--target", str(run["dir"]), "--threads", "1", "--demos", str(run["held_out"]),
+              "--frames", "1", "--out", str(tmp_path)])
