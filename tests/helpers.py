@@ -60,7 +60,7 @@ def write_libero_demo_file(path: Path, episodes: int = 2, steps: int = 20, size:
     rng = np.random.default_rng(seed)
     with h5py.File(path, "w") as f:
         data = f.create_group("data")
-        data.attrs["benchmark"] = "libero"
+        data.attrs["benchmark"] = "libero_spatial"
         data.attrs["env_args"] = "{}"
         for i in range(episodes):
             g = data.create_group(f"demo_{i}")

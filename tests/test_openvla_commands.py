@@ -54,7 +54,7 @@ def test_datastore_holds_openvla_tokens_and_keys(run, tiny_openvla):
 
 def replay(run, method: str, *flags: str, demos: str = "held_out") -> dict:
     out = run["work"] / f"replay-{method}-{'-'.join(f.strip('-') for f in flags)}-{demos}"
-    argv = ["replay", "--method", method, *run["target"], "--demos", str(run[demos]), "--frames", "6",
+    argv = ["replay", "--method", method, *run["target"], "--benchmark", "libero_spatial", "--demos", str(run[demos]), "--frames", "6",
             "--drafter", str(run["work"] / "drafter"), "--datastore", str(run["work"] / "store"), "--out", str(out),
             *flags]
     assert main(argv) == 0
@@ -109,15 +109,19 @@ def test_openvla_reads_no_state_so_the_recorded_one_does_not_matter(run, tiny_op
     assert a.features.tokens.tolist() == b.features.tokens.tolist()
 
 
-def test_eval_refuses_an_openvla_target_on_meta_world(run):
-    with pytest.raises(SystemExit, match="7 dims, --benchmark mw takes 4"):
-        main(["eval", "--method", "ar", *run["target"], "--tasks", "reach-v3", "--episodes", "1",
-              "--out", str(run["work"] / "eval")])
+@pytest.mark.parametrize("benchmark, message", [
+    ("mw", "--target's actions have 7 dims, --benchmark mw takes 4"),
+    ("libero_spatial", "do not apply OpenVLA's LIBERO image and gripper protocol yet")])
+def test_closed_loop_refuses_an_openvla_target(run, capsys, benchmark, message):
+    for command in (["eval", "--method", "ar"], ["bench"]):
+        argv = [*command, *run["target"], "--benchmark", benchmark, "--drafter", str(run["work"] / "drafter"),
+                "--datastore", str(run["work"] / "store"), "--out", str(run["work"] / "closed-loop")]
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
 
 
-def test_missing_unnorm_key_names_the_available_ones(run, tmp_path):
-    from heisd.vla import CheckpointError
-
-    with pytest.raises(CheckpointError, match="--unnorm-key"):
-        main(["replay", "--target", str(run["dir"]), "--threads", "1", "--demos", str(run["held_out"]),
-              "--frames", "1", "--out", str(tmp_path)])
+def test_missing_unnorm_key_names_the_available_ones(run, capsys, tmp_path):
+    assert main(["replay", "--target", str(run["dir"]), "--threads", "1", "--benchmark", "libero_spatial",
+                 "--demos", str(run["held_out"]), "--frames", "1", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "choose one with --unnorm-key: bridge_orig, libero_spatial_no_noops" in err

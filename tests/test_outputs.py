@@ -87,7 +87,7 @@ def test_train_vla_overwrite_starts_afresh_and_keeps_foreign_files(tmp_path, cap
 
 def test_each_output_kind_recognizes_its_own_outputs_only(tmp_path) -> None:
     vla = tiny_vla()
-    target = DrafterTarget.from_vla(vla)
+    target = DrafterTarget.from_target(vla)
     outputs = {"vla": tmp_path / "vla", "drafter": tmp_path / "drafter", "store": tmp_path / "store",
                "demos": tmp_path / "demos.hdf5", "eval": tmp_path / "bench" / "ar", "bench": tmp_path / "bench",
                "replay": tmp_path / "replay"}
