@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from heisd.targets.base import Target
-from heisd.vla.checkpoint import CheckpointError
+from heisd.vla.checkpoint import CheckpointError, read_json
 
 OPENVLA = "openvla"  # config.json `model_type` of OpenVLA checkpoints
 SMALL_VLA = "heisd-vla"  # our own checkpoints (config.json without `model_type`)
@@ -17,13 +16,8 @@ SMALL_VLA = "heisd-vla"  # our own checkpoints (config.json without `model_type`
 def checkpoint_kind(directory: str | Path) -> str:
     """`OPENVLA` or `SMALL_VLA`; a clear error for anything else."""
     path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"no config.json in {directory}: not a target checkpoint directory")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"corrupt {path}: {e}") from e
-    kind = config.get("model_type") if isinstance(config, dict) else None
+    config = read_json(path, missing=f"no config.json in {directory}: not a target checkpoint directory")
+    kind = config.get("model_type")
     if kind is None:
         return SMALL_VLA
     if kind == OPENVLA:

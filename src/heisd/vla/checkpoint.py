@@ -72,7 +72,7 @@ def _trained_layout(directory: Path) -> tuple[dict[str, Any] | None, str]:
         return json.loads(recorded), WEIGHTS_FILE
     info = directory / TRAIN_INFO_FILE
     if info.is_file():
-        config = _read_json(info).get("model_config")
+        config = read_json(info).get("model_config")
         if isinstance(config, dict):
             return _layout(config), TRAIN_INFO_FILE
     return None, ""
@@ -88,11 +88,18 @@ def _check_layout(directory: Path, config: dict[str, Any]) -> None:
                               + ", ".join(diff) + "; restore the original config.json")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path, missing: str | None = None) -> dict[str, Any]:
+    """A checkpoint's JSON object; `missing` is the error when the file is absent (None: the
+    caller has checked). Every checkpoint kind reads its JSON files through here."""
+    if missing is not None and not path.is_file():
+        raise CheckpointError(missing)
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"corrupt {path.name} in {path.parent}: {e}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
 
 
 def load_vla(directory: Path) -> "VLA":
@@ -104,9 +111,9 @@ def load_vla(directory: Path) -> "VLA":
     if missing:
         raise CheckpointError(f"VLA checkpoint {directory} lacks {', '.join(missing)}")
     try:
-        raw_config = _read_json(directory / CONFIG_FILE)
+        raw_config = read_json(directory / CONFIG_FILE)
         config = VLAConfig.from_dict(raw_config)
-        norm_stats = NormStats.from_dict(_read_json(directory / NORM_STATS_FILE))
+        norm_stats = NormStats.from_dict(read_json(directory / NORM_STATS_FILE))
         tokenizer = TextTokenizer.load(directory / TOKENIZER_FILE)
         model = VLA(config, norm_stats, tokenizer)
     except (KeyError, TypeError, ValueError) as e:

@@ -8,7 +8,6 @@ out here rather than taken from whatever `transformers` is installed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from heisd.vla.checkpoint import CheckpointError
+from heisd.vla.checkpoint import read_json as read_checkpoint_json  # one JSON reader for every checkpoint kind
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -32,15 +32,7 @@ _TEXT_IGNORED = {"model_type", "torch_dtype", "dtype", "architectures", "_name_o
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise CheckpointError(f"OpenVLA checkpoint {path.parent} lacks {path.name}")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"corrupt {path}: {e}") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
+    return read_checkpoint_json(path, missing=f"OpenVLA checkpoint {path.parent} lacks {path.name}")
 
 
 def _require(data: dict[str, Any], key: str, path: Path) -> Any:
