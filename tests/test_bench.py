@@ -37,7 +37,8 @@ def test_bench_quick_smoke(resources):
                         switch_threshold=0.0)
     configs = ladder(base)
     labels = [c.label for c in configs]
-    assert labels == ["ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "heisd+lossless+threshold@0",
+    assert labels == ["ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "retrieval+lossless",
+                      "heisd+lossless+threshold@0",
                       "heisd+no-group+no-prefill-skip+threshold@0", "heisd+no-prefill-skip+threshold@0",
                       "heisd+threshold@0", "heisd+lossless", "heisd"]
     # 24 env steps: the kinematic window (15) fills, so heisd runs retrieval mode too
@@ -54,8 +55,8 @@ def test_bench_quick_smoke(resources):
         assert s["episodes"] == 1 and s["speedup"] == pytest.approx(ar_latency / s["latency_ms"]["median"])
     # lossless configurations act exactly as AR does: the same path, step for step
     episode = lambda i: json.loads((out / summaries[i]["dir"] / "episodes.jsonl").read_text())  # noqa: E731
-    assert "retrieval" in episode(5)["steps"]["mode"]
-    for lossless in (1, 2, 5, 9):  # jacobi, specvla (exact), heisd lossless (threshold and cost switch)
+    assert "retrieval" in episode(6)["steps"]["mode"]
+    for lossless in (1, 2, 5, 6, 10):  # jacobi, specvla (exact), retrieval and heisd lossless
         assert episode(lossless)["steps"]["ee_pos"] == episode(0)["steps"]["ee_pos"]
         assert episode(lossless)["env_steps"] == episode(0)["env_steps"]
     assert summaries[4]["retrieval_fraction"] == 1.0  # retrieval SD everywhere

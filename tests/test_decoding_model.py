@@ -400,3 +400,35 @@ def test_jacobi_next_guess_is_the_targets_output_on_the_previous_guess():
             p = len(emitted_next) + i  # position of this guess
             context = emitted + chain[: p - start]  # what the previous pass saw before position p
             assert token == greedy_after(model, embeds, context)[0]
+
+
+class _WrongFirst(Proposer):
+    """A tree of wrong drafts on the first call of a step, then Jacobi: a fallback after a rejection."""
+
+    def __init__(self, wrong: int):
+        self.jacobi, self.wrong, self.calls = JacobiProposer(), wrong, 0
+
+    def begin_step(self, context):
+        self.calls = 0
+        self.jacobi.begin_step(context)
+
+    def propose(self, state):
+        self.calls += 1
+        if self.calls == 1:
+            return Proposal(DraftTree.from_sequences([[self.wrong] * 3, [self.wrong, self.wrong - 1]]))
+        return self.jacobi.propose(state)
+
+
+def test_jacobi_as_a_fallback_ignores_other_proposers_trees():
+    """After another proposer's rejected tree, Jacobi starts from its warm start, not from the
+    predictions made on that foreign tree: with the exact previous action it needs one pass."""
+    model, embeds, n = tiny_target(0), prefix(0, 4), 8
+    config = DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)
+    ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
+    assume_actions = all(ACTIONS.is_action(t) for t in ar.tokens[2:])
+    wrong = next(t for t in range(VOCAB - 256, VOCAB) if t not in ar.tokens)
+    decoder = SpeculativeDecoder(Verifier(model), config, _WrongFirst(wrong), ExactAcceptance())
+    result = decoder.decode(embeds, {"previous_action": ar.tokens})
+    assert result.tokens == ar.tokens
+    if assume_actions:
+        assert result.target_forwards == 3  # prefill, the rejected tree, one Jacobi chain

@@ -52,9 +52,9 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retrieval-budget", type=int, default=d("retrieval_budget"), help="retrieval tree: total nodes")
     p.add_argument("--payload", default=d("payload"), choices=["own", "demo", "both"],
                    help="retrieval drafts from the target's own tokens, the demonstrator's, or both")
-    p.add_argument("--retrieval-fallback", default=d("retrieval_fallback"), choices=["drafter", "ar"],
+    p.add_argument("--retrieval-fallback", default=d("retrieval_fallback"), choices=["drafter", "ar", "jacobi"],
                    help="how a step continues after a rejected retrieval group (and no agreeing retrieved "
-                        "sequence): plain AR (cheaper on CPU) or drafter SD as in the paper")
+                        "sequence): plain AR, drafter SD as in the paper, or Jacobi iterations (no draft model)")
     p.add_argument("--no-continuation", action="store_true",
                    help="ablation: after a rejected retrieval group, go straight to the fallback instead of "
                         "drafting the rest from the retrieved sequences that agree with what was emitted")

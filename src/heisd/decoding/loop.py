@@ -52,6 +52,7 @@ class DecodeState:
     # the target's greedy token after each node of the latest verified tree, rejected ones included
     # (`Verification.tree_next`, root first); None before the first verify pass of the step
     last_next: torch.Tensor | None = None
+    last_tree: DraftTree | None = None  # the tree `last_next` belongs to (a proposer can tell its own)
 
     @property
     def position(self) -> int:
@@ -147,12 +148,13 @@ class SpeculativeDecoder:
         pending = [pre.token]  # emitted tokens the target has not processed yet
         hidden = pre.hidden[None]
         forwards, accepted_lengths, skipped, deviation = 1, [], 0, 0
-        last_next = None
+        last_next = last_tree = None
         while len(emitted) < n:
             t = self._now()
             proposal = None
             if self.proposer is not None:
-                state = DecodeState(list(emitted), n, hidden, pre.hidden, self.verifier, pre.cache, context, last_next)
+                state = DecodeState(list(emitted), n, hidden, pre.hidden, self.verifier, pre.cache, context,
+                                    last_next, last_tree)
                 proposal = self.proposer.propose(state)
             timing.draft_ms += (self._now() - t) * 1e3
             tree = proposal.tree.truncated(n - len(emitted)) if proposal else DraftTree.empty()
@@ -162,14 +164,15 @@ class SpeculativeDecoder:
                 pending += tree.tokens.tolist()
                 hidden = hidden[:0]  # the target has not seen these tokens
                 skipped += len(tree)
-                last_next = None
+                last_next = last_tree = None
                 continue
             t = self._now()
             verification = self.verifier.verify(pre.cache, pending, tree)
             timing.verify_ms += (self._now() - t) * 1e3
             forwards += 1
             acc = self.acceptance.select(tree, verification.tree_next, len(emitted), self.vocab)
-            last_next = verification.tree_next
+            # the proposer's own tree object (truncation keeps its node order): it can tell its own
+            last_next, last_tree = verification.tree_next, proposal.tree if proposal else None
             self.verifier.commit(pre.cache, verification, acc.nodes)
             slots = list(range(len(pending))) + [len(pending) + i for i in acc.nodes]
             hidden = verification.hidden[slots]

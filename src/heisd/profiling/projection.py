@@ -4,7 +4,7 @@ target passes) times the per-piece costs a `heisd profile` measured there.
 Per control step: vision, the retrieval query in retrieval mode, the prefill when the target
 ran, and per verify pass after it: AR a decode step; the drafter a tree verification of its
 budget plus one drafter pass per tree level; Jacobi a chain of the remaining tokens; retrieval
-its group tree once, then its fallback (AR decode steps, or drafter passes). Bookkeeping is not
+its group tree once, then its fallback (AR decode steps, drafter passes or Jacobi chains). Bookkeeping is not
 modelled. Every number this produces is a projection, and the report says so.
 """
 
@@ -43,7 +43,8 @@ def step_ms(step: dict[str, Any], config: dict[str, Any], profile: dict[str, Any
     if mode == "retrieval":
         ms += piece(profile, "datastore_query")
         if verifies:
-            fallback = drafter_verify() if config["retrieval_fallback"] == "drafter" else piece(profile, "decode_step")
+            fallback = {"drafter": drafter_verify, "jacobi": lambda: verify_ms(profile, n_tokens - 1),
+                        "ar": lambda: piece(profile, "decode_step")}[config["retrieval_fallback"]]()
             ms += verify_ms(profile, config["retrieval_budget"]) + (verifies - 1) * fallback
     elif mode == "jacobi":
         ms += verifies * verify_ms(profile, n_tokens - 1)

@@ -29,6 +29,7 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
     """All methods and the ablation rungs, from one set of resources and settings."""
     plain = replace(base, verify_skip=True, group_acceptance=True, prefill_skip=True, lossless=False)
     configs = [replace(plain, method=m) for m in ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval")]
+    configs.append(replace(plain, method="retrieval", lossless=True))
     paper = replace(plain, method="heisd", switch="threshold")
     configs += [
         replace(paper, lossless=True),  # the paper's "metric only" rung

@@ -45,7 +45,8 @@ class MethodConfig:
     retrieval_budget: int = default_of(RetrievalConfig, "node_budget")  # retrieval tree: total nodes
     payload: str = default_of(RetrievalConfig, "payload")  # drafts from the target's own tokens, demo tokens, or both
     # after a rejected retrieval group: plain "ar" (default: on CPU a drafter pass costs more than
-    # the target step it saves, BENCHMARKS 3.1) or "drafter" SD as in the paper
+    # the target step it saves, BENCHMARKS 3.1), "drafter" SD as in the paper, or "jacobi" (ours:
+    # Jacobi iterations, no draft model; lossless under exact acceptance)
     retrieval_fallback: str = "ar"
     continuation: bool = default_of(RetrievalConfig, "continue_drafts")  # after a rejection, draft the rest
     gripper_guard: bool = default_of(RetrievalConfig, "gripper_guard")  # skips never move the gripper
@@ -67,8 +68,8 @@ class MethodConfig:
             raise ValueError(f"method {self.method} needs a drafter (--drafter DIR)")
         if self.method in ("retrieval", "heisd") and not self.datastore:
             raise ValueError(f"method {self.method} needs a datastore (--datastore DIR)")
-        if self.retrieval_fallback not in ("drafter", "ar"):
-            raise ValueError(f"retrieval_fallback must be 'drafter' or 'ar', got {self.retrieval_fallback!r}")
+        if self.retrieval_fallback not in ("drafter", "ar", "jacobi"):
+            raise ValueError(f"retrieval_fallback must be 'drafter', 'ar' or 'jacobi', got {self.retrieval_fallback!r}")
         if self.retrieval_fallback == "drafter" and self.method in ("retrieval", "heisd") and not self.drafter:
             raise ValueError("--retrieval-fallback drafter needs a drafter (--drafter DIR)")
         if self.switch not in ("cost", "threshold"):
@@ -98,8 +99,8 @@ class MethodConfig:
                     parts.append("no-gripper-guard")
             if not self.continuation:
                 parts.append("no-continuation")
-            if self.retrieval_fallback == "drafter":
-                parts.append("drafter-fallback")
+            if self.retrieval_fallback != "ar":
+                parts.append(f"{self.retrieval_fallback}-fallback")
         if self.method == "heisd" and self.switch == "threshold":
             parts.append("threshold")
         label = "+".join(parts)
@@ -147,7 +148,7 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None) -> tuple[dict, obje
     if cfg.method in ("specvla", "specvla-relaxed"):
         rule = TokenRelaxedAcceptance(cfg.relaxed_r) if cfg.method == "specvla-relaxed" else ExactAcceptance()
         return {"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None
-    fallback = drafter if cfg.retrieval_fallback == "drafter" else None
+    fallback = {"drafter": drafter, "jacobi": JacobiProposer(), "ar": None}[cfg.retrieval_fallback]
     retrieval, rule = _retrieval_proposer(cfg, target, datastore, fallback, SpeculativeDecoder(verifier, dcfg).vocab)
     by_mode = {"retrieval": SpeculativeDecoder(verifier, dcfg, retrieval, rule)}
     if cfg.method == "heisd":
