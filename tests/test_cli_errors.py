@@ -57,6 +57,8 @@ CASES = [  # argv, exit code, what the one line must say
      "photos exists and is not a heisd datastore; heisd never replaces it"),
     (["build-datastore", "--target", "{vla}", "--demos", "{demos}", "--out", "{store}"], 1,
      "store already holds a heisd datastore; pass --overwrite to replace it"),
+    (["demos", "--tasks", "reach-v3", "--seed", "10000", "--out", "{root}/d.hdf5"], 2,
+     "--seed must be in [0, 10000)"),
     (["demos", "--tasks", "reach-v3", "--out", "{theirs}", "--overwrite"], 1,
      "theirs.hdf5 exists and is not a heisd demonstration file"),
     (["train-vla", "--demos", "{demos}", "--out", "{root}/t", "--resume", "--overwrite"], 2,

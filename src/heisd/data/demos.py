@@ -42,10 +42,11 @@ class DemoConfig:
     policy: str = "expert"  # "expert" (scripted), or a target checkpoint directory: its own AR rollouts
 
     def __post_init__(self) -> None:
+        from heisd.errors import UsageError
         from heisd.runtime.evaluation import EVAL_SEED_OFFSET
 
         if not 0 <= self.seed < EVAL_SEED_OFFSET:
-            raise ValueError(f"--seed must be in [0, {EVAL_SEED_OFFSET}): seeds from {EVAL_SEED_OFFSET} on "
+            raise UsageError(f"--seed must be in [0, {EVAL_SEED_OFFSET}): seeds from {EVAL_SEED_OFFSET} on "
                              "make the evaluation layouts")
 
     @property
