@@ -109,15 +109,36 @@ def test_openvla_reads_no_state_so_the_recorded_one_does_not_matter(run, tiny_op
     assert a.features.tokens.tolist() == b.features.tokens.tolist()
 
 
-@pytest.mark.parametrize("benchmark, message", [
-    ("mw", "--target's actions have 7 dims, --benchmark mw takes 4"),
-    ("libero_spatial", "do not apply OpenVLA's LIBERO image and gripper protocol yet")])
-def test_closed_loop_refuses_an_openvla_target(run, capsys, benchmark, message):
+def test_closed_loop_refuses_an_openvla_target_on_mw(run, capsys):
     for command in (["eval", "--method", "ar"], ["bench"]):
-        argv = [*command, *run["target"], "--benchmark", benchmark, "--drafter", str(run["work"] / "drafter"),
+        argv = [*command, *run["target"], "--benchmark", "mw", "--drafter", str(run["work"] / "drafter"),
                 "--datastore", str(run["work"] / "store"), "--out", str(run["work"] / "closed-loop")]
         assert main(argv) == 2
-        assert message in capsys.readouterr().err
+        assert "--target's actions have 7 dims, --benchmark mw takes 4" in capsys.readouterr().err
+
+
+def test_an_openvla_libero_episode_runs_end_to_end_with_openvlas_protocol(tiny_openvla):
+    """The tiny OpenVLA checkpoint drives LIBERO-Object under OpenVLA's protocol: 224 px JPEG'd
+    frames in (from a 256 px render), a [0, 1] gripper out that reaches the simulator as -1 / +1."""
+    from heisd.benchmarks.libero import LiberoConfig, LiberoEnv, suite_tasks
+    from heisd.benchmarks.libero_protocol import PROTOCOL_RENDER_SIZE
+    from heisd.runtime.evaluation import run_episode
+    from heisd.runtime.methods import MethodConfig, build_decoders
+    from heisd.runtime.policy import VLAPolicy
+
+    assert tiny_openvla.spec.protocol == "openvla"
+    task = suite_tasks("libero_object")[0]
+    env = LiberoEnv("libero_object", task, LiberoConfig(image_size=PROTOCOL_RENDER_SIZE, fast_render=True,
+                                                         max_steps=3, protocol="openvla"))
+    policy = VLAPolicy(tiny_openvla, build_decoders(MethodConfig("ar"), tiny_openvla))
+    seen, sent = [], []
+    act, step = policy.act, env._env.step
+    policy.act = lambda image, *a: seen.append(image.shape) or act(image, *a)
+    env._env.step = lambda action: sent.append(action[-1]) or step(action)
+    line = run_episode(env, policy, {"init_state": 0})
+    assert line["env_steps"] == 3 and len(line["steps"]["target_forwards"]) == 3
+    assert seen == [(224, 224, 3)] * 3
+    assert sent[-3:] and all(g in (-1.0, 1.0) for g in sent[-3:])  # the wait steps' dummy action first
 
 
 def test_missing_unnorm_key_names_the_available_ones(run, capsys, tmp_path):

@@ -23,7 +23,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco
 import numpy as np
 
 from heisd.benchmarks.libero_protocol import (
-    ACTION_DIM, DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, PROTOCOL_RENDER_SIZE, check_suite, rotate_180,
+    ACTION_DIM, DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, PROTOCOL_RENDER_SIZE, check_suite, openvla_gripper,
+    openvla_image, rotate_180,
 )
 from heisd.benchmarks.libero_setup import ensure_libero
 from heisd.errors import InputError, UsageError
@@ -37,6 +38,12 @@ class LiberoConfig:
     image_size: int = PROTOCOL_RENDER_SIZE  # square agentview frame, pixels (OpenVLA's protocol: 256)
     fast_render: bool = False  # shadows and reflections off (CPU runs of small targets)
     max_steps: int | None = None  # policy steps after the wait steps; None = the suite's protocol value
+    protocol: str = "raw"  # "openvla": frames through `openvla_image`, gripper through `openvla_gripper`
+    crop: bool = False  # openvla protocol: the 0.9-area center crop (checkpoints trained with crop augmentation)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("raw", "openvla"):
+            raise UsageError(f"LIBERO protocol must be 'raw' or 'openvla', got {self.protocol!r}")
 
 
 def libero_modules():
@@ -107,6 +114,8 @@ class LiberoEnv:
     def step(self, action, *, render: bool = True):
         """Gymnasium step; ``render=False`` leaves ``obs["image"]`` None (a mid-chunk frame nobody reads)."""
         action = np.asarray(action, dtype=np.float64)
+        if self.config.protocol == "openvla" and action.shape == (ACTION_DIM,):
+            action = openvla_gripper(action)  # the model's [0, 1] gripper -> LIBERO's -1 open / +1 close
         if action.shape != (ACTION_DIM,) or not np.all(np.isfinite(action)):
             raise InputError(f"{self.task}: the policy's action at env step {self._steps} is not {ACTION_DIM} "
                              f"finite numbers ({action.tolist()}); stopped before the simulator")
@@ -126,7 +135,10 @@ class LiberoEnv:
 
     def _observe(self, sim_obs: dict, render: bool = True) -> dict:
         state = np.concatenate([sim_obs["robot0_eef_pos"], sim_obs["robot0_gripper_qpos"]]).astype(np.float32)
-        return {"image": self.render() if render else None, "state": state}
+        image = self.render() if render else None
+        if image is not None and self.config.protocol == "openvla":
+            image = openvla_image(image, self.config.crop)  # JPEG round trip, 224 px, as OpenVLA's eval
+        return {"image": image, "state": state}
 
     @staticmethod
     def _info(sim_obs: dict, success: bool) -> dict:

@@ -33,13 +33,16 @@ def resolve_tasks(benchmark: str, names: list[str] | tuple[str, ...]) -> tuple[s
     return mw_tasks(names)
 
 
-def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps: int):
+def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps: int, protocol: str = "raw"):
     """One task's environment. LIBERO: agentview at `image_size`; `camera` and `max_steps` are mw's
-    (a LIBERO episode's length is the protocol's, per suite)."""
+    (a LIBERO episode's length is the protocol's, per suite). `protocol` is the target's
+    (`TargetSpec.protocol`): "openvla" renders at the protocol's 256 px and applies OpenVLA's frame
+    and gripper conventions."""
     if is_libero(benchmark):
-        from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
+        from heisd.benchmarks.libero import PROTOCOL_RENDER_SIZE, LiberoConfig, LiberoEnv
 
-        return LiberoEnv(benchmark, task, LiberoConfig(image_size=image_size))
+        size = PROTOCOL_RENDER_SIZE if protocol == "openvla" else image_size
+        return LiberoEnv(benchmark, task, LiberoConfig(image_size=size, protocol=protocol))
     from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
 
     return MetaWorldEnv(task, MWConfig(image_size, camera, max_steps))

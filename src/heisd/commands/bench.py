@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         configs = [c for c in configs if c.method == "ar" or c.label in args.only]
     target = load_target(args)
     check_closed_loop(args, target)
-    cfg = EvalConfig(tasks, episodes, args.seed, max_steps, benchmark=args.benchmark)
+    cfg = EvalConfig(tasks, episodes, args.seed, max_steps, benchmark=args.benchmark, protocol=target.spec.protocol)
     out = Path(args.out)
     summaries = run_bench(target, configs, cfg, out, persist=ladder(base)[-1] if args.persist_thresholds else None,
                           target_path=args.target)

@@ -138,20 +138,16 @@ def load_target(args: argparse.Namespace):
 
 
 def check_closed_loop(args: argparse.Namespace, target) -> None:
-    """A closed-loop run (eval, bench) needs a target whose actions the benchmark's robot takes.
-    OpenVLA is refused for now: its LIBERO protocol (the frame's JPEG round trip and resize, the
-    gripper's [0, 1] -> -1/+1 command, `heisd.benchmarks.libero_protocol`) is not in the loop yet."""
-    from heisd.benchmarks.registry import action_dim
+    """A closed-loop run (eval, bench) needs a target whose actions the benchmark's robot takes; a
+    target with OpenVLA's conventions runs on LIBERO with OpenVLA's protocol (`TargetSpec.protocol`)."""
+    from heisd.benchmarks.registry import action_dim, is_libero
     from heisd.errors import UsageError
-    from heisd.targets import checkpoint_kind
-    from heisd.targets.load import OPENVLA
 
     dims, takes = target.spec.action_dim, action_dim(args.benchmark)
     if dims != takes:
         raise UsageError(f"--target's actions have {dims} dims, --benchmark {args.benchmark} takes {takes}")
-    if checkpoint_kind(args.target) == OPENVLA:
-        raise UsageError("--target is an OpenVLA checkpoint: closed-loop eval/bench do not apply OpenVLA's LIBERO "
-                         "image and gripper protocol yet; run it offline with `heisd replay`")
+    if target.spec.protocol == "openvla" and not is_libero(args.benchmark):
+        raise UsageError(f"--target follows OpenVLA's LIBERO protocol; --benchmark {args.benchmark} has none")
 
 
 def load_policy(args: argparse.Namespace, cfg):

@@ -50,16 +50,17 @@ def run(args: argparse.Namespace) -> int:
         except ServerUnreachable as err:
             raise InputError(f"--server: {err}") from None
         policy, label, identity = RemotePolicy(client), info["method"], server_identity(info, args.server)
-        chunk = info["target"]["action_shape"][0]
+        chunk, protocol = info["target"]["action_shape"][0], "raw"
     else:
         cfg = method_config(args)
         policy, label = load_policy(args, cfg), cfg.label
         check_closed_loop(args, policy.target)
         identity, chunk = run_identity(policy.target.fingerprint(), cfg, args.target), policy.target.spec.chunk
+        protocol = policy.target.spec.protocol
     if args.execute > chunk:
         raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
     summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute,
-                                                        benchmark=args.benchmark),
+                                                        benchmark=args.benchmark, protocol=protocol),
                        Path(args.out), identity=identity, persist_thresholds=args.persist_thresholds)
     print(json.dumps(summary, indent=2))
     return 0

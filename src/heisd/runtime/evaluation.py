@@ -39,6 +39,7 @@ class EvalConfig:
     image_size: int = 128  # camera frame, pixels
     camera: str = "corner3"  # Meta-World camera
     benchmark: str = "mw"  # mw or a LIBERO suite (heisd.benchmarks.registry)
+    protocol: str = "raw"  # the target's frame/action convention (TargetSpec.protocol; "openvla" on LIBERO)
 
     def __post_init__(self) -> None:
         for name, least in (("episodes", 1), ("max_steps", 1), ("execute", 0), ("seed", 0), ("image_size", 1)):
@@ -111,7 +112,7 @@ class EvalRun:
         cfg = self.cfg
         layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
         with mujoco_log(self.out / MUJOCO_LOG, f"{task} episode {i}"):
-            env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps)
+            env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps, cfg.protocol)
             try:
                 line = run_episode(env, policy, reset_options(cfg.benchmark, layout_seed, i), cfg.execute)
             except InputError as err:

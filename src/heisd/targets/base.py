@@ -31,6 +31,9 @@ class TargetSpec:
     image_size: int  # side frames may be stored at without losing what the target sees
     state_dim: int  # proprioception values the target reads; 0 = it ignores the state
     pad_id: int  # text pad id, for left-padded prompt batches
+    # how the target's actions and frames meet a simulator: "raw" (as recorded: our small VLA) or
+    # "openvla" (OpenVLA's LIBERO protocol: JPEG'd 224 px frames in, gripper in [0, 1] out)
+    protocol: str = "raw"
 
     def state_input(self, states: np.ndarray | torch.Tensor) -> torch.Tensor | None:
         """Recorded robot states [B, S] as the target takes them: float32, or None for a target

@@ -67,7 +67,8 @@ class OpenVLA(nn.Module):
         c = self.parts.config
         return TargetSpec(n_action_tokens=self._actions.action_dim, action_dim=self._actions.action_dim, chunk=1,
                           vocab_size=c.vocab_size, n_bins=c.n_action_bins, hidden_size=c.hidden_size,
-                          image_size=c.image_sizes[0], state_dim=0, pad_id=self.parts.prompt.pad_id)
+                          image_size=c.image_sizes[0], state_dim=0, pad_id=self.parts.prompt.pad_id,
+                          protocol="openvla")
 
     def encode_prompt(self, instruction: str) -> torch.Tensor:
         return self.parts.prompt.encode_tensor(instruction)
