@@ -22,6 +22,7 @@ Every decision records what it expected, so reports can show how good the predic
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,9 @@ class CostSwitchConfig:
 
 @dataclass
 class _Window:
+    """The latest values of one estimate. Plain Python: it runs on every control step's hot path,
+    where numpy's per-call overhead on a few dozen numbers would cost more than the arithmetic."""
+
     values: deque = field(default_factory=deque)
 
     def add(self, value: float, maxlen: int) -> None:
@@ -49,11 +53,8 @@ class _Window:
         while len(self.values) > maxlen:
             self.values.popleft()
 
-    def mean(self) -> float | None:
-        return float(np.mean(self.values)) if self.values else None
-
     def median(self) -> float | None:
-        return float(np.median(self.values)) if self.values else None
+        return statistics.median(self.values) if self.values else None
 
 
 class CostAwareSwitch:
@@ -137,8 +138,8 @@ class CostAwareSwitch:
 
 
 def _pooled(windows: list[_Window]) -> float | None:
-    values = [v for w in windows for v in w.values]
-    return float(np.mean(values)) if values else None
+    count = sum(len(w.values) for w in windows)
+    return sum(sum(w.values) for w in windows) / count if count else None
 
 
 def seed_passes(frames: dict[str, list], n_tokens: int) -> dict[Mode, np.ndarray]:
