@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,22 +41,6 @@ class CostSwitchConfig:
     window: int = 64  # steps per (mode, bin) and per piece that the estimates average over
 
 
-@dataclass
-class _Window:
-    """The latest values of one estimate. Plain Python: it runs on every control step's hot path,
-    where numpy's per-call overhead on a few dozen numbers would cost more than the arithmetic."""
-
-    values: deque = field(default_factory=deque)
-
-    def add(self, value: float, maxlen: int) -> None:
-        self.values.append(float(value))
-        while len(self.values) > maxlen:
-            self.values.popleft()
-
-    def median(self) -> float | None:
-        return statistics.median(self.values) if self.values else None
-
-
 class CostAwareSwitch:
     """Same interface as `KinematicSwitch` (`make_tracker`, `mode`), plus `observe` after each step."""
 
@@ -70,14 +54,16 @@ class CostAwareSwitch:
             raise ValueError("the calibration frames hold no kinematic metric: rerun `heisd calibrate`")
         inner = np.linspace(0.0, 1.0, self.config.bins + 1)[1:-1]
         self.edges = np.quantile(f[np.isfinite(f)], inner)  # bin b: edges[b-1] <= F < edges[b]
-        self._passes = {(m, b): _Window() for m in MODES for b in range(self.config.bins)}
-        self._runs = {(m, b): _Window() for m in MODES for b in range(self.config.bins)}
-        self._pieces = {name: _Window() for name in ("prefill", "verify:retrieval", "verify:drafter",
-                                                        "propose:retrieval", "propose:drafter")}
+        # the latest `window` values of each estimate (plain Python on the hot path: numpy's
+        # per-call overhead on a few dozen numbers costs more than the arithmetic)
+        window = self.config.window
+        self._passes = {(m, b): deque(maxlen=window) for m in MODES for b in range(self.config.bins)}
+        self._pieces = {name: deque(maxlen=window) for name in ("prefill", "verify:retrieval", "verify:drafter",
+                                                                  "propose:retrieval", "propose:drafter")}
         for mode, passes in seed_passes(frames, n_tokens).items():
             for fi, p in zip(f, passes):
                 if np.isfinite(fi):
-                    self._record(mode, self._bin(fi), p)
+                    self._passes[(mode, self._bin(fi))].append(float(p))
 
     # ----- the KinematicSwitch interface -----
     def make_tracker(self, delta_scale: float | None = None) -> TrajectoryTracker:
@@ -102,10 +88,11 @@ class CostAwareSwitch:
     def expected_ms(self, mode: Mode, metric: float | None) -> float | None:
         """Expected decoding latency of `mode`; None while a piece it needs was never measured."""
         bins = range(self.config.bins) if metric is None else [self._bin(metric)]
-        passes = _pooled([self._passes[(mode, b)] for b in bins])
-        runs = _pooled([self._runs[(mode, b)] for b in bins])
-        prefill, verify = self._pieces["prefill"].median(), self._pieces[f"verify:{mode}"].median()
-        proposal = self._pieces[f"propose:{mode}"].median()
+        observed = [v for b in bins for v in self._passes[(mode, b)]]
+        passes = sum(observed) / len(observed) if observed else None
+        runs = sum(v > 0 for v in observed) / len(observed) if observed else None  # P(the target runs)
+        prefill, verify = _median(self._pieces["prefill"]), _median(self._pieces[f"verify:{mode}"])
+        proposal = _median(self._pieces[f"propose:{mode}"])
         if None in (passes, runs, prefill, proposal):  # e.g. a bin no calibration frame fell into
             return None
         verifies = max(passes - runs, 0.0)
@@ -118,28 +105,23 @@ class CostAwareSwitch:
         """Learn from a decoded step (`DecodeResult`): its passes and its measured pieces."""
         t, forwards = result.timing, result.target_forwards
         if metric is not None:
-            self._record(mode, self._bin(metric), forwards)
-        maxlen, pieces = self.config.window, self._pieces
+            self._passes[(mode, self._bin(metric))].append(float(forwards))
+        pieces = self._pieces
         if forwards > 0:
-            pieces["prefill"].add(t.prefill_ms, maxlen)
+            pieces["prefill"].append(t.prefill_ms)
         if forwards > 1:
-            pieces[f"verify:{mode}"].add(t.verify_ms / (forwards - 1), maxlen)
+            pieces[f"verify:{mode}"].append(t.verify_ms / (forwards - 1))
             if mode == "drafter":
-                pieces["propose:drafter"].add(t.draft_ms / (forwards - 1), maxlen)
+                pieces["propose:drafter"].append(t.draft_ms / (forwards - 1))
         if mode == "retrieval":
-            pieces["propose:retrieval"].add(t.draft_ms, maxlen)
-
-    def _record(self, mode: Mode, b: int, passes: float) -> None:
-        self._passes[(mode, b)].add(passes, self.config.window)
-        self._runs[(mode, b)].add(float(passes > 0), self.config.window)
+            pieces["propose:retrieval"].append(t.draft_ms)
 
     def _bin(self, metric: float) -> int:
         return int(np.searchsorted(self.edges, metric, side="right"))
 
 
-def _pooled(windows: list[_Window]) -> float | None:
-    count = sum(len(w.values) for w in windows)
-    return sum(sum(w.values) for w in windows) / count if count else None
+def _median(values: deque) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def seed_passes(frames: dict[str, list], n_tokens: int) -> dict[Mode, np.ndarray]:
