@@ -62,12 +62,11 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> None:
+    from heisd.benchmarks.registry import BENCHMARKS
     from heisd.runtime.methods import METHODS, MethodConfig, default_of
 
     if method:
         p.add_argument("--method", default="ar", choices=METHODS, help="decoding method")
-    from heisd.benchmarks.registry import BENCHMARKS
-
     p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
                    help="benchmark: mw (embedded) or a LIBERO suite (needs the libero extra)")
     add_target_arguments(p, default="checkpoints/vla")

@@ -61,7 +61,7 @@ def episode_seed(seed: int, task: str, episode: int) -> int:
     return int(np.random.SeedSequence([seed, task_key, episode]).generate_state(1)[0])
 
 
-def rollout_expert(task: str, episode: int, cfg: DemoConfig) -> dict:
+def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     """One episode of `cfg.policy`: the scripted expert, or the target (AR, the whole chunk executed)."""
     from heisd.benchmarks.mw import MetaWorldEnv, MWConfig, expert_policy
 
@@ -157,7 +157,7 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
 
 def _episode_job(args: tuple[str, int, DemoConfig]) -> dict:
     task, i, cfg = args
-    return rollout_expert(task, i, cfg)
+    return record_episode(task, i, cfg)
 
 
 def _write(data, ep: dict, kept: int, steps: int, dropped: dict, keep_failed: bool) -> tuple[int, int]:
