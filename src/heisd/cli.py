@@ -32,6 +32,7 @@ class _Parser(argparse.ArgumentParser):
 COMMANDS = {
     "demos": "demos",
     "train-vla": "train_vla",
+    "dagger": "dagger",
     "train-drafter": "train_drafter",
     "build-datastore": "build_datastore",
     "calibrate": "calibrate",

@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="expert",
                    help="who acts: 'expert' (scripted) or a target checkpoint directory (its own AR rollouts, "
                         "kept whether they succeed or not: a datastore drafts the target's own tokens)")
+    p.add_argument("--expert-labels", action="store_true",
+                   help="with --policy DIR: record the scripted expert's action at every state the target visits "
+                        "(DAgger training data; `heisd dagger` runs whole rounds)")
     p.add_argument("--workers", type=int, default=1, help="parallel simulator processes")
     p.add_argument("--out", required=True, help="output .hdf5 file (written atomically)")
     p.add_argument("--overwrite", action="store_true",
@@ -40,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
                          "build datastores from LIBERO's own datasets (build-datastore --demos <task>_demo.hdf5)")
     tasks = resolve_tasks(args.tasks)
     cfg = DemoConfig(tasks, args.episodes, args.seed, args.noise, args.image_size, args.camera, args.max_steps,
-                     args.policy)
+                     args.policy, args.expert_labels)
     r = generate_demos(cfg, args.out, workers=args.workers, overwrite=args.overwrite)
     dropped = sum(r["dropped"].values())
     print(f"wrote {r['kept']} episodes ({r['steps']} steps) to {args.out} in {r['seconds']:.0f} s "

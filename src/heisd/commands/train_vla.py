@@ -29,9 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the training run in --out (its files are removed when the new run starts)")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="fine-tune this checkpoint (weights, tokenizers, action bins) instead of a new model; "
+                             "the model size flags are then ignored")
     parser.add_argument("--skip-invalid-episodes", action="store_true",
                         help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
-    size = parser.add_argument_group("model size (ignored with --resume)")
+    size = parser.add_argument_group("model size (ignored with --resume and --init-from)")
     size.add_argument("--hidden-size", type=int, default=192, help="LLM width (MLP 4x, 4 heads)")
     size.add_argument("--layers", type=int, default=4, help="LLM decoder layers")
     size.add_argument("--image-size", type=int, default=64, help="frames are resized to this square")
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
                  "vision_channels": tuple(int(c) for c in args.vision_channels.split(","))}
     metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
-                    overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes)
+                    overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
+                    init_from=args.init_from)
     print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
     return 0
 

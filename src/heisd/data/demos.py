@@ -9,6 +9,10 @@ Or the target's own closed-loop rollouts (`DemoConfig.policy` = a checkpoint dir
 decoding; ours, DESIGN 9): every episode is kept, failed ones too, since a datastore drafts
 the target's own tokens, which are right wherever the target goes. Their layouts must stay
 disjoint from the evaluation layouts: seeds from EVAL_SEED_OFFSET on are refused.
+
+Or DAgger data (`expert_labels`): the target acts, and every visited state is labelled with the
+scripted expert's action there. Every episode is kept too: the labels are the expert's wherever
+the target went, and the states a failing target visits are the ones it must learn to leave.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from heisd.storage.guard import hdf5_with_attr
 
 VERSION_ATTR = "heisd_version"  # attribute of the `data` group: marks a file heisd wrote
 DEMOS = OutputKind("demonstration file", hdf5_with_attr("data", VERSION_ATTR))
+KEEP_FAILED = ("target", "dagger")  # sources whose failed episodes are data too (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class DemoConfig:
     camera: str = "corner3"
     max_steps: int = 300
     policy: str = "expert"  # "expert" (scripted), or a target checkpoint directory: its own AR rollouts
+    expert_labels: bool = False  # DAgger: the target acts, the recorded actions are the expert's
 
     def __post_init__(self) -> None:
         from heisd.errors import UsageError
@@ -48,11 +54,16 @@ class DemoConfig:
         if not 0 <= self.seed < EVAL_SEED_OFFSET:
             raise UsageError(f"--seed must be in [0, {EVAL_SEED_OFFSET}): seeds from {EVAL_SEED_OFFSET} on "
                              "make the evaluation layouts")
+        if self.expert_labels and self.policy == "expert":
+            raise UsageError("expert labels need a target checkpoint as the acting policy (--policy DIR)")
 
     @property
     def source(self) -> str:
-        """Who acted: "expert" or "target" (the file records it; build-datastore reads it)."""
-        return "expert" if self.policy == "expert" else "target"
+        """Who acted and who labelled: "expert", "target" or "dagger" (the target acted, the expert
+        labelled); the file records it, build-datastore and train-vla read it."""
+        if self.policy == "expert":
+            return "expert"
+        return "dagger" if self.expert_labels else "target"
 
 
 def episode_seed(seed: int, task: str, episode: int) -> int:
@@ -62,16 +73,18 @@ def episode_seed(seed: int, task: str, episode: int) -> int:
 
 
 def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
-    """One episode of `cfg.policy`: the scripted expert, or the target (AR, the whole chunk executed)."""
+    """One episode of `cfg.policy`: the scripted expert, or the target (AR, the whole chunk executed);
+    the recorded actions are the actor's, or the expert's at every visited state (`expert_labels`)."""
     from heisd.benchmarks.mw import MetaWorldEnv, MWConfig, expert_policy
 
     env = MetaWorldEnv(task, MWConfig(cfg.image_size, cfg.camera, cfg.max_steps))
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})
+    expert = expert_policy(task)
+    label = lambda info: np.clip(expert.get_action(info["sim_obs"]), -1, 1).astype(np.float32)  # noqa: E731
     if cfg.source == "expert":
-        expert = expert_policy(task)
-        act = lambda obs, info: [np.clip(expert.get_action(info["sim_obs"]), -1, 1)]  # noqa: E731
+        act = lambda obs, info: [label(info)]  # noqa: E731
     else:
         policy = _target_policy(cfg.policy)
         policy.reset(env.instruction, task)
@@ -82,7 +95,7 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
         if not todo:
             todo = [np.asarray(a, dtype=np.float32) for a in act(obs, info)]
         action = todo.pop(0)
-        frames["actions"].append(action)
+        frames["actions"].append(label(info) if cfg.expert_labels else action)
         frames["images"].append(obs["image"])
         frames["ee_pos"].append(obs["state"][:3])
         frames["gripper"].append(obs["state"][3:4])
@@ -142,7 +155,7 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
         try:
             results = pool.imap(_episode_job, jobs) if pool else map(_episode_job, jobs)
             for ep in results:
-                kept, steps = _write(data, ep, kept, steps, dropped, keep_failed=cfg.source == "target")
+                kept, steps = _write(data, ep, kept, steps, dropped, keep_failed=cfg.source in KEEP_FAILED)
                 bar.update(1)
             if pool:
                 pool.close()

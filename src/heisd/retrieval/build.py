@@ -103,6 +103,9 @@ def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | 
         for path in demos:
             with DemoFile(path, skip_invalid) as f:
                 source = f.attrs.get("source", "expert")
+                if source == "dagger":  # expert labels on the target's states: neither kind of entry
+                    raise DemoFormatError(f"{path}: a DAgger file (the target acted, the expert labelled) is "
+                                          "training data for train-vla, not datastore entries")
                 tally = {"path": str(path), "source": source, "episodes": [episodes, episodes], "frames": 0}
                 sources.append(tally)
                 for ep in f:

@@ -56,7 +56,8 @@ def read_episodes(paths: Sequence[str | Path], image_size: int, benchmark: str |
     """Successful episodes of all files (resized to image_size), how many failed ones were dropped,
     and how many invalid ones `skip_invalid` left out (else an invalid episode is an error).
 
-    Failed demonstrations are dropped: behaviour cloning would imitate the failure.
+    Failed demonstrations are dropped: behaviour cloning would imitate the failure. DAgger files
+    keep theirs: the target acted there, but the labels are the expert's.
     """
     records, dropped, invalid = [], 0, 0
     for path in paths:
@@ -68,8 +69,9 @@ def read_episodes(paths: Sequence[str | Path], image_size: int, benchmark: str |
             found = f.attrs.get("benchmark")
             if benchmark is not None and found is not None and found != benchmark:
                 raise DemoFormatError(f"{path}: demonstrations of benchmark {found!r}, not {benchmark!r}")
+            keep_failed = f.attrs.get("source") == "dagger"
             for ep in f:
-                if not ep.success:
+                if not ep.success and not keep_failed:
                     dropped += 1
                     continue
                 records.append(_record(f"{Path(path).name}:{ep.name}", ep, image_size))

@@ -119,6 +119,17 @@ def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructi
     return VLA(config, norm, text)
 
 
+def _initial_model(directory: Path, chunk: int) -> VLA:
+    """A checkpoint to fine-tune: its tokenizers and action bins carry over, so its chunk must match."""
+    if not (Path(directory) / CONFIG_FILE).is_file():
+        raise InputError(f"--init-from {directory}: not a VLA checkpoint (no {CONFIG_FILE})")
+    model = VLA.from_pretrained(directory)
+    if model.config.chunk != chunk:
+        raise InputError(f"--init-from {directory}: its chunk is {model.config.chunk} actions, this benchmark's "
+                         f"is {chunk}")
+    return model
+
+
 @dataclass
 class _Setup:
     model: VLA
@@ -131,8 +142,11 @@ class _Setup:
 
 
 def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides: dict, resume: bool,
-           benchmark: str | None, instructions: Sequence[str], skip_invalid: bool) -> tuple[_Setup, TrainConfig]:
+           benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
+           init_from: Path | None) -> tuple[_Setup, TrainConfig]:
     state, model = None, None
+    if init_from is not None and not resume:
+        model = _initial_model(init_from, chunk)
     if resume:
         if not (out / TRAIN_STATE_FILE).is_file():
             raise UsageError(f"--resume: no {TRAIN_STATE_FILE} in {out} (nothing to continue)")
@@ -157,27 +171,31 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
 
 def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
           resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = (),
-          overwrite: bool = False, skip_invalid: bool = False) -> dict:
+          overwrite: bool = False, skip_invalid: bool = False, init_from: Path | None = None) -> dict:
     """Train (or resume) and return the last logged metrics.
 
     `instructions`: extra instructions (the benchmark's task registry) for the text tokenizer,
     besides those found in the demonstrations. `benchmark`: demo files must say the same.
     An existing run in `out` needs `resume` (continue it) or `overwrite` (its files are removed
     when this run starts); `out` holds the lock meanwhile. `skip_invalid`: leave out episodes
-    with unusable data instead of refusing them.
+    with unusable data instead of refusing them. `init_from`: start from that checkpoint (weights,
+    tokenizers, normalization: fine-tuning, e.g. a DAgger round) instead of a new model.
     """
     out = Path(out)
     replace = not resume and check_output(out, TRAINING_RUN, overwrite, resume_flag="--resume")
     with directory_lock(out):
         if replace:
             clear_output(out, TRAINING_RUN)
-        return _train(paths, out, cfg, chunk, model_overrides, resume, benchmark, instructions, skip_invalid)
+        return _train(paths, out, cfg, chunk, model_overrides, resume, benchmark, instructions, skip_invalid,
+                      init_from)
 
 
 def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_overrides: dict | None,
-           resume: bool, benchmark: str | None, instructions: Sequence[str], skip_invalid: bool) -> dict:
+           resume: bool, benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
+           init_from: Path | None) -> dict:
     wall0 = time.perf_counter()
-    setup, cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions, skip_invalid)
+    setup, cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions, skip_invalid,
+                        init_from)
     model, train_frames, val_frames, data, state = (setup.model, setup.train_frames, setup.val_frames,
                                                     setup.data, setup.state)
     model.train()
@@ -194,6 +212,7 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
     _truncate_log(out / LOG_FILE, step)
 
     info = {"command": " ".join(sys.argv), "seed": cfg.seed, "demos": [str(p) for p in paths], **data,
+            "init_from": str(init_from) if init_from is not None else None,
             "dropped_failed_episodes": setup.dropped, "dropped_invalid_episodes": setup.invalid, "threads": torch.get_num_threads(),
             "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
             "model_config": model.config.to_dict()}

@@ -1,0 +1,193 @@
+"""DAgger for the target VLA (Ross et al., 2011): roll out the current target, label every state
+it visits with the scripted expert, aggregate with everything so far, fine-tune, repeat.
+
+Behaviour cloning alone leaves the target in states no demonstration visited (push and
+pick-place: the arm wanders for the whole episode). DAgger puts exactly those states, with the
+expert's answer, into the training data.
+
+`OUT/` holds, per round r (1-based):
+
+    round_<r>/rollouts.hdf5   the round's actor (round r-1's checkpoint, round 1: --init) rolled
+                              out on layouts of seed `seed + r - 1`, expert-labelled
+    round_<r>/vla/            the checkpoint fine-tuned from the actor on demos + rollouts 1..r
+    dagger.json               the configuration (a resumed run must match it)
+    dagger_log.jsonl          per round: the actor's success per task on its rollouts, data, training
+
+A killed run resumes where it stopped: finished rollout files and trainings are kept, a
+partial training continues from its own train_state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from heisd.errors import ConfigError, InputError, OutputError
+from heisd.storage import OutputKind, check_output, directory_lock, write_json
+from heisd.storage.guard import json_with
+
+CONFIG_FILE = "dagger.json"
+LOG_FILE = "dagger_log.jsonl"
+DAGGER_RUN = OutputKind("DAgger run", json_with(CONFIG_FILE, "rounds"))
+
+
+@dataclass(frozen=True)
+class DaggerConfig:
+    init: str  # checkpoint of round 0 (behaviour-cloned on the demonstrations)
+    demos: tuple[str, ...]  # the demonstrations it was trained on (aggregated every round)
+    tasks: tuple[str, ...]  # mw tasks rolled out
+    rounds: int = 3  # rollout + fine-tune rounds
+    episodes: int = 8  # rollout episodes per task per round
+    seed: int = 20  # round r rolls out on layouts of seed `seed + r - 1` (never an evaluation seed)
+    steps: int = 1500  # fine-tuning steps per round (cosine schedule of its own)
+    batch_size: int = 64
+    lr: float = 3e-4  # peak fine-tuning learning rate (a tenth of the schedule warms up)
+    threads: int = 2  # torch threads for fine-tuning
+    workers: int = 1  # simulator processes for the rollouts
+    max_steps: int = 300  # episode step limit of the rollouts
+
+    def __post_init__(self) -> None:
+        from heisd.runtime.evaluation import EVAL_SEED_OFFSET
+
+        for name, least in (("rounds", 1), ("episodes", 1), ("steps", 1), ("batch_size", 1), ("threads", 1),
+                            ("workers", 1), ("max_steps", 1), ("seed", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"DaggerConfig.{name} must be >= {least}, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError(f"DaggerConfig.lr must be > 0, got {self.lr}")
+        if self.seed + self.rounds > EVAL_SEED_OFFSET:
+            raise ConfigError(f"DAgger rounds use seeds {self.seed}..{self.seed + self.rounds - 1}: they must stay "
+                              f"below {EVAL_SEED_OFFSET}, where the evaluation layouts start")
+
+    def round_seed(self, r: int) -> int:
+        """Layout seed of round r's rollouts (r from 1)."""
+        return self.seed + r - 1
+
+
+def demo_seeds(paths: tuple[str, ...]) -> set[int]:
+    """Layout seeds the demonstration files were recorded with (their `env_args`)."""
+    from heisd.data.dataset import DemoFile
+
+    seeds = set()
+    for path in paths:
+        with DemoFile(path) as f:
+            args = f.attrs.get("env_args") or {}  # LIBERO's files hold other keys; heisd's are parsed
+            if isinstance(args, dict) and "seed" in args:
+                seeds.add(int(args["seed"]))
+    return seeds
+
+
+def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: bool = True) -> Path:
+    """Run (or resume) every round; return the last round's checkpoint directory."""
+    out = Path(out)
+    saved = out / CONFIG_FILE
+    before = json.loads(saved.read_text()) if saved.is_file() else None
+    resuming = before == _jsonable(cfg)
+    if before is not None and not resuming and not overwrite:
+        changed = sorted(k for k in _jsonable(cfg) if before.get(k) != _jsonable(cfg)[k])
+        raise OutputError(f"{out} holds a DAgger run with other settings ({', '.join(changed)}): rerun with its "
+                          "settings to resume it, or pass --overwrite to start over")
+    if not resuming:
+        check_output(out, DAGGER_RUN, overwrite)
+    clash = demo_seeds(cfg.demos) & {cfg.round_seed(r) for r in range(1, cfg.rounds + 1)}
+    if clash:
+        raise ConfigError(f"DAgger seeds {sorted(clash)} were used by the demonstrations: pick another --seed")
+    with directory_lock(out):
+        if not resuming:
+            for r in range(1, cfg.rounds + 1):  # --overwrite: a new configuration starts from round 1
+                _remove_round(out / f"round_{r}")
+            (out / LOG_FILE).unlink(missing_ok=True)
+            write_json(saved, _jsonable(cfg))
+        actor = Path(cfg.init)
+        for r in range(1, cfg.rounds + 1):
+            actor = _round(cfg, out, r, actor, progress)
+    return actor
+
+
+def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) -> Path:
+    """Round r: roll out `actor`, label, fine-tune it on everything so far; return the new checkpoint."""
+    import torch
+
+    from heisd.data.demos import DemoConfig, generate_demos
+    from heisd.vla.train import INFO_FILE, TRAIN_STATE_FILE, TrainConfig, train
+
+    folder = out / f"round_{r}"
+    folder.mkdir(parents=True, exist_ok=True)
+    rollouts = folder / "rollouts.hdf5"
+    t0 = time.perf_counter()
+    if not rollouts.is_file():
+        demo_cfg = DemoConfig(cfg.tasks, cfg.episodes, cfg.round_seed(r), max_steps=cfg.max_steps,
+                              policy=str(actor), expert_labels=True)
+        generate_demos(demo_cfg, rollouts, workers=cfg.workers, progress=progress)
+    rollout_s = time.perf_counter() - t0
+    ckpt = folder / "vla"
+    train_cfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                            warmup_steps=max(1, cfg.steps // 10), seed=cfg.seed + r,
+                            eval_every=max(1, cfg.steps // 6), save_every=max(1, cfg.steps // 6))
+    data = [Path(p) for p in cfg.demos] + [out / f"round_{i}" / "rollouts.hdf5" for i in range(1, r + 1)]
+    t1 = time.perf_counter()
+    if not _finished(ckpt / INFO_FILE, cfg.steps):
+        torch.set_num_threads(cfg.threads)
+        resume = (ckpt / TRAIN_STATE_FILE).is_file()
+        train(data, ckpt, train_cfg, chunk=_chunk(actor), resume=resume, benchmark="mw", init_from=actor,
+              overwrite=not resume and ckpt.exists())
+    if r not in logged_rounds(out):
+        _log(out, {"round": r, "actor": str(actor), "checkpoint": str(ckpt), "rollout_seed": cfg.round_seed(r),
+                   "actor_success": rollout_success(rollouts), "data_files": [str(p) for p in data],
+                   "rollout_s": round(rollout_s, 1), "train_s": round(time.perf_counter() - t1, 1),
+                   "train_metrics": json.loads((ckpt / INFO_FILE).read_text()).get("last_metrics", {})})
+    return ckpt
+
+
+def logged_rounds(out: Path) -> set[int]:
+    path = out / LOG_FILE
+    if not path.is_file():
+        return set()
+    return {json.loads(line)["round"] for line in path.read_text().splitlines() if line.strip()}
+
+
+def rollout_success(path: Path) -> dict[str, float]:
+    """Success rate per task of the actor in a rollout file (every episode is kept)."""
+    from heisd.data.dataset import DemoFile
+
+    wins: dict[str, list[bool]] = {}
+    with DemoFile(path) as f:
+        for ep in f:
+            wins.setdefault(ep.task, []).append(ep.success)
+    return {t: sum(v) / len(v) for t, v in sorted(wins.items())}
+
+
+def _finished(info: Path, steps: int) -> bool:
+    if not info.is_file():
+        return False
+    try:
+        return json.loads(info.read_text()).get("step") == steps
+    except json.JSONDecodeError as e:
+        raise InputError(f"{info}: unreadable training record ({e}); remove the round's vla/ to retrain it") from e
+
+
+def _chunk(checkpoint: Path) -> int:
+    from heisd.vla.checkpoint import CONFIG_FILE as VLA_CONFIG
+
+    config = checkpoint / VLA_CONFIG
+    if not config.is_file():
+        raise InputError(f"{checkpoint}: not a VLA checkpoint (no {VLA_CONFIG})")
+    return int(json.loads(config.read_text())["chunk"])
+
+
+def _remove_round(folder: Path) -> None:
+    import shutil
+
+    if folder.is_dir():
+        shutil.rmtree(folder)
+
+
+def _log(out: Path, record: dict) -> None:
+    with open(out / LOG_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _jsonable(cfg: DaggerConfig) -> dict:
+    return json.loads(json.dumps(asdict(cfg)))
