@@ -10,7 +10,7 @@ expert's answer, into the training data.
     round_<r>/rollouts.hdf5   the round's actor (round r-1's checkpoint, round 1: --init) rolled
                               out on layouts of seed `seed + r - 1`, expert-labelled
     round_<r>/vla/            the checkpoint fine-tuned from the actor on demos + rollouts 1..r
-    dagger.json               the configuration (a resumed run must match it)
+    dagger.json               the configuration (a resumed run must match it, threads and workers aside)
     dagger_log.jsonl          per round: the actor's success per task on its rollouts, data, training
 
 A killed run resumes where it stopped: finished rollout files and trainings are kept, a
@@ -189,5 +189,8 @@ def _log(out: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+RESOURCES = ("threads", "workers")  # how fast a run goes, not what it computes: a resume may change them
+
+
 def _jsonable(cfg: DaggerConfig) -> dict:
-    return json.loads(json.dumps(asdict(cfg)))
+    return {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k not in RESOURCES}
