@@ -106,6 +106,10 @@ def test_rounds_resume_and_refuse_other_settings(tiny_dir, tmp_path):
     run_dagger(cfg, tmp_path / "run", progress=False)  # same settings: everything is done, nothing reruns
     assert (final / "model.safetensors").stat().st_mtime_ns == stamp
     assert len((tmp_path / "run" / LOG_FILE).read_text().splitlines()) == 2
+    more = DaggerConfig(**{**cfg.__dict__, "rounds": 3})  # a finished run takes more rounds
+    assert run_dagger(more, tmp_path / "run", progress=False) == tmp_path / "run" / "round_3" / "vla"
+    assert (final / "model.safetensors").stat().st_mtime_ns == stamp
+    assert [json.loads(line)["round"] for line in (tmp_path / "run" / LOG_FILE).read_text().splitlines()] == [1, 2, 3]
     other = DaggerConfig(**{**cfg.__dict__, "steps": 3})
     with pytest.raises(OutputError, match="steps"):
         run_dagger(other, tmp_path / "run", progress=False)

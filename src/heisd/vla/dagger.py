@@ -10,7 +10,8 @@ expert's answer, into the training data.
     round_<r>/rollouts.hdf5   the round's actor (round r-1's checkpoint, round 1: --init) rolled
                               out on layouts of seed `seed + r - 1`, expert-labelled
     round_<r>/vla/            the checkpoint fine-tuned from the actor on demos + rollouts 1..r
-    dagger.json               the configuration (a resumed run must match it, threads and workers aside)
+    dagger.json               the configuration (a resumed run must match it, except for the number of
+                              rounds, which may grow, and the threads and workers)
     dagger_log.jsonl          per round: the actor's success per task on its rollouts, data, training
 
 A killed run resumes where it stopped: finished rollout files and trainings are kept, a
@@ -95,9 +96,9 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
     if clash:
         raise ConfigError(f"DAgger seeds {sorted(clash)} were used by the demonstrations: pick another --seed")
     with directory_lock(out):
-        if not resuming:
-            for r in range(1, cfg.rounds + 1):  # --overwrite: a new configuration starts from round 1
-                _remove_round(out / f"round_{r}")
+        if not resuming:  # --overwrite: a new configuration starts from round 1
+            for folder in out.glob("round_*"):
+                _remove_round(folder)
             (out / LOG_FILE).unlink(missing_ok=True)
             write_json(saved, _jsonable(cfg))
         actor = Path(cfg.init)
@@ -189,7 +190,8 @@ def _log(out: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-RESOURCES = ("threads", "workers")  # how fast a run goes, not what it computes: a resume may change them
+# how fast a run goes, and how far: a resume may change them (a round's data and training do not depend on them)
+RESOURCES = ("threads", "workers", "rounds")
 
 
 def _jsonable(cfg: DaggerConfig) -> dict:
