@@ -255,3 +255,81 @@ def test_cost_switch_counts_prefill_skips_as_no_target_pass(stats) -> None:
     switch.observe("drafter", 0.9, _step(2, prefill=10.0, verify_each=10.0, draft=1.0))
     assert switch.expected_ms("retrieval", 0.9) == pytest.approx(0.5)  # the query only: no prefill, no verify
     assert switch.decide(0.9)[0] == "retrieval" and switch.expected_ms("drafter", 0.9) > 10.0
+
+
+def _mixed_path(steps: int) -> np.ndarray:
+    """Two env steps per control step: straight fast stretches alternating with small slow circles."""
+    pieces, start = [], np.zeros(3)
+    for k in range(0, 2 * steps, 30):
+        seg = _line(30, 0.03) if (k // 30) % 2 == 0 else _tilted_circle(0.015, 30, np.pi)
+        seg = seg - seg[0] + start
+        pieces.append(seg)
+        start = seg[-1]
+    return np.concatenate(pieces)[: 2 * steps]
+
+
+def _retrieval_verify_ms(step: int) -> float:
+    """Retrieval's verify passes turn expensive for a while (slow motion then pays on the drafter), then cheap again."""
+    return 50.0 if 150 <= step < 300 else 10.0
+
+
+def test_cost_switch_computes_f_only_where_it_can_change_the_decision(stats, monkeypatch) -> None:
+    """Fed the same steps, a switch that skips F where every bin agrees decides exactly as one that
+    computes F every step, and computes F far less often where the drafter does not pay."""
+    from heisd.kinematics import CostSwitchConfig
+    from heisd.kinematics import metric as metric_module
+
+    exact_metric, calls = metric_module.fused_metric, []
+    monkeypatch.setattr(metric_module, "fused_metric", lambda *a: calls.append(1) or exact_metric(*a))
+    lazy = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8, config=CostSwitchConfig(learn_every=8))
+    eager = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8, config=CostSwitchConfig(learn_every=1))
+    trackers = {"lazy": lazy.make_tracker(), "eager": eager.make_tracker()}
+    path, counts, modes = _mixed_path(450), {"lazy": 0, "eager": 0}, []
+    for step in range(450):
+        window = path[max(0, 2 * step - 13): 2 * step + 2]
+        truth = exact_metric(window, stats, CONFIG) if len(window) == 15 else None
+        decisions = {}
+        for name, switch in (("lazy", lazy), ("eager", eager)):
+            for p in path[2 * step: 2 * step + 2]:
+                trackers[name].update(ee_pos=p)
+            before = len(calls)
+            decisions[name] = switch.mode(trackers[name])
+            counts[name] += len(calls) > before
+        assert decisions["lazy"].mode == decisions["eager"].mode, step
+        assert decisions["eager"].metric == truth
+        assert decisions["lazy"].metric in (None, truth)
+        mode = decisions["lazy"].mode
+        modes.append(mode)
+        slow = truth is not None and truth < 0.5
+        if mode == "drafter":
+            result = _step(4, prefill=10.0, verify_each=10.0, draft=3 * 30.0)
+        else:
+            result = _step(6 if slow else 2, prefill=10.0, verify_each=_retrieval_verify_ms(step), draft=0.3)
+        for switch in (lazy, eager):  # both learn the same thing: only the decision rule is compared
+            switch.observe(mode, truth, result)
+    assert "drafter" in modes[150:300] and "retrieval" in modes[150:300]  # F mattered there ...
+    assert set(modes[100:150]) == set(modes[400:]) == {"retrieval"}  # ... not here
+    assert counts["eager"] == 450 - 7  # every step once the window is full (7 steps to fill it)
+    assert counts["lazy"] < 0.6 * counts["eager"]
+
+
+def test_cost_switch_skips_f_while_every_bin_agrees(stats, monkeypatch) -> None:
+    """With retrieval cheaper in every bin, F is computed on one step in `learn_every` only (its
+    passes go to their bin); the other steps record no F and the pooled expectation."""
+    from heisd.kinematics import CostSwitchConfig
+    from heisd.kinematics import metric as metric_module
+
+    exact_metric, calls = metric_module.fused_metric, []
+    monkeypatch.setattr(metric_module, "fused_metric", lambda *a: calls.append(1) or exact_metric(*a))
+    switch = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8, config=CostSwitchConfig(learn_every=4))
+    switch.observe("retrieval", 0.9, _step(2, prefill=10.0, verify_each=10.0, draft=0.3))
+    switch.observe("drafter", 0.1, _step(4, prefill=10.0, verify_each=10.0, draft=90.0))
+    assert switch.unanimous() == ("retrieval", switch.expected_ms("retrieval", None))
+    tracker = switch.make_tracker()
+    for p in _line(15, 0.03):
+        tracker.update(ee_pos=p)
+    decisions = [switch.mode(tracker) for _ in range(8)]
+    assert [d.mode for d in decisions] == ["retrieval"] * 8
+    assert [d.metric is None for d in decisions] == [True, True, True, False] * 2
+    assert len(calls) == 1  # the tracker caches F until it moves
+    assert decisions[0].expected_ms == pytest.approx(switch.expected_ms("retrieval", None))

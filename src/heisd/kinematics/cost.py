@@ -11,34 +11,47 @@ Expected latency of a mode at kinematic metric F:
   per-frame numbers and then replaced by what the steps in that bin actually did (a moving
   window of the latest `window` steps).
 - The per-piece costs (prefill; one verify pass of each mode's trees, whose sizes differ; one
-  drafter proposal; one retrieval step's query + trees) are moving medians of what this process measures, so the same rule sends slow
-  motions to the drafter on a GPU, where a drafter pass costs a fraction of a target pass, and
-  keeps them on retrieval on a CPU, where it does not.
+  drafter proposal; one retrieval step's query + trees) are moving medians of what this process
+  measures, so the same rule sends slow motions to the drafter on a GPU, where a drafter pass
+  costs a fraction of a target pass, and keeps them on retrieval on a CPU, where it does not.
 - A mode whose proposal cost was never measured is tried first (it cannot be compared
   without it); before the kinematic window fills, all frames' estimates are pooled.
+- F is computed only when it can change the decision: when the same mode is cheaper in every
+  bin (and before the window fills), with both modes' estimates known, that mode runs without F
+  (on a CPU its SVD and circle fit cost ~0.3 ms a step, BENCHMARKS 6.6). Such a step's passes
+  cannot be put in a bin, so every `learn_every`-th of them computes F anyway to keep learning.
 
 Every decision records what it expected, so reports can show how good the predictions were.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from heisd.decoding.moving import MovingMean, MovingMedian
 from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
 from heisd.kinematics.switch import Decision, Mode
 
 MODES: tuple[Mode, Mode] = ("retrieval", "drafter")
+PIECES = ("prefill", "verify:retrieval", "verify:drafter", "propose:retrieval", "propose:drafter")
 
 
 @dataclass(frozen=True)
 class CostSwitchConfig:
     bins: int = 4  # F bins (quantiles of the calibration frames' F)
     window: int = 64  # steps per (mode, bin) and per piece that the estimates average over
+    # when no F bin could change the decision, F is not computed (it costs ~0.3 ms a step on a
+    # CPU); every this many such steps it is computed anyway, so the per-bin passes keep learning
+    learn_every: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("bins", "window", "learn_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"CostSwitchConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
 class CostAwareSwitch:
@@ -54,24 +67,34 @@ class CostAwareSwitch:
             raise ValueError("the calibration frames hold no kinematic metric: rerun `heisd calibrate`")
         inner = np.linspace(0.0, 1.0, self.config.bins + 1)[1:-1]
         self.edges = np.quantile(f[np.isfinite(f)], inner)  # bin b: edges[b-1] <= F < edges[b]
-        # the latest `window` values of each estimate (plain Python on the hot path: numpy's
-        # per-call overhead on a few dozen numbers costs more than the arithmetic)
+        self._edges = self.edges.tolist()  # plain floats for bisect on the hot path
         window = self.config.window
-        self._passes = {(m, b): deque(maxlen=window) for m in MODES for b in range(self.config.bins)}
-        self._pieces = {name: deque(maxlen=window) for name in ("prefill", "verify:retrieval", "verify:drafter",
-                                                                  "propose:retrieval", "propose:drafter")}
+        self._passes = {(m, b): MovingMean(window) for m in MODES for b in range(self.config.bins)}
+        self._pieces = {name: MovingMedian(window) for name in PIECES}
         for mode, passes in seed_passes(frames, n_tokens).items():
             for fi, p in zip(f, passes):
                 if np.isfinite(fi):
-                    self._passes[(mode, self._bin(fi))].append(float(p))
+                    self._passes[(mode, self._bin(fi))].add(float(p))
+        # the bins an F can land in (coinciding quantile edges leave some empty by construction)
+        self._cases: list[int | None] = [None] + sorted({0} | {self._bin(e) for e in self._edges})
+        self._unanimous: tuple[Mode, float] | None | bool = False  # cached verdict (False: stale)
+        self._unlearned = 0  # steps in a row decided without F
 
     # ----- the KinematicSwitch interface -----
     def make_tracker(self, delta_scale: float | None = None) -> TrajectoryTracker:
         return TrajectoryTracker(self.kin_config, self.kin_stats, delta_scale)
 
     def mode(self, tracker: TrajectoryTracker) -> Decision:
-        if (tracker.config, tracker.stats) != (self.kin_config, self.kin_stats):
-            raise ValueError("tracker was built with another config or stats (use make_tracker)")
+        """This step's mode. F is computed only where it can change the decision (else the
+        Decision's metric is None), and every `learn_every`-th such step so the bins keep learning."""
+        if tracker.config is not self.kin_config or tracker.stats is not self.kin_stats:
+            if (tracker.config, tracker.stats) != (self.kin_config, self.kin_stats):
+                raise ValueError("tracker was built with another config or stats (use make_tracker)")
+        unanimous = self.unanimous()
+        if unanimous is not None and self._unlearned + 1 < self.config.learn_every:
+            self._unlearned += 1
+            return Decision(unanimous[0], None, unanimous[1])
+        self._unlearned = 0
         metric = tracker.fused()
         mode, expected = self.decide(metric)
         return Decision(mode, metric, expected[mode])
@@ -79,22 +102,46 @@ class CostAwareSwitch:
     # ----- the rule -----
     def decide(self, metric: float | None) -> tuple[Mode, dict[str, float | None]]:
         """The cheaper mode at F = `metric` (None: window not full) and both expectations (ms)."""
-        expected = {m: self.expected_ms(m, metric) for m in MODES}
+        return self._decide(None if metric is None else self._bin(metric))
+
+    def _decide(self, b: int | None) -> tuple[Mode, dict[str, float | None]]:
+        expected = {m: self._expected(m, b) for m in MODES}
         untried = [m for m in MODES if expected[m] is None]
         if untried:
             return untried[0], expected
         return min(MODES, key=lambda m: (expected[m], MODES.index(m))), expected
 
+    def unanimous(self) -> tuple[Mode, float] | None:
+        """(mode, its expected ms before the window fills) when every case F could fall in (no F
+        yet, each bin) picks that mode with both modes' estimates known, else None: F cannot change
+        such a decision. Cached until the next `observe`."""
+        if self._unanimous is False:
+            self._unanimous = None
+            cases = [self._decide(b) for b in self._cases]
+            modes = {mode for mode, _ in cases}
+            if len(modes) == 1 and all(None not in expected.values() for _, expected in cases):
+                mode = modes.pop()
+                self._unanimous = (mode, cases[0][1][mode])
+        return self._unanimous
+
     def expected_ms(self, mode: Mode, metric: float | None) -> float | None:
         """Expected decoding latency of `mode`; None while a piece it needs was never measured."""
-        bins = range(self.config.bins) if metric is None else [self._bin(metric)]
-        observed = [v for b in bins for v in self._passes[(mode, b)]]
-        passes = sum(observed) / len(observed) if observed else None
-        runs = sum(v > 0 for v in observed) / len(observed) if observed else None  # P(the target runs)
-        prefill, verify = _median(self._pieces["prefill"]), _median(self._pieces[f"verify:{mode}"])
-        proposal = _median(self._pieces[f"propose:{mode}"])
-        if None in (passes, runs, prefill, proposal):  # e.g. a bin no calibration frame fell into
+        return self._expected(mode, None if metric is None else self._bin(metric))
+
+    def _expected(self, mode: Mode, b: int | None) -> float | None:
+        if b is None:  # before the window fills: all bins pooled
+            windows = [self._passes[(mode, i)] for i in range(self.config.bins)]
+            count = sum(len(w) for w in windows)
+            total, positive = sum(w.total for w in windows), sum(w.positive for w in windows)
+        else:
+            window = self._passes[(mode, b)]
+            count, total, positive = len(window), window.total, window.positive
+        pieces = self._pieces
+        prefill, verify = pieces["prefill"].value, pieces[f"verify:{mode}"].value
+        proposal = pieces[f"propose:{mode}"].value
+        if not count or prefill is None or proposal is None:  # e.g. a bin no calibration frame fell into
             return None
+        passes, runs = total / count, positive / count  # runs: P(the target runs)
         verifies = max(passes - runs, 0.0)
         if verify is None and verifies > 0:
             return None
@@ -102,26 +149,24 @@ class CostAwareSwitch:
         return runs * prefill + verifies * (verify or 0.0) + proposals * proposal
 
     def observe(self, mode: Mode, metric: float | None, result: Any) -> None:
-        """Learn from a decoded step (`DecodeResult`): its passes and its measured pieces."""
+        """Learn from a decoded step (`DecodeResult`): its passes (in its F bin, when F was
+        computed) and its measured pieces."""
         t, forwards = result.timing, result.target_forwards
         if metric is not None:
-            self._passes[(mode, self._bin(metric))].append(float(forwards))
+            self._passes[(mode, self._bin(metric))].add(forwards)
         pieces = self._pieces
         if forwards > 0:
-            pieces["prefill"].append(t.prefill_ms)
+            pieces["prefill"].add(t.prefill_ms)
         if forwards > 1:
-            pieces[f"verify:{mode}"].append(t.verify_ms / (forwards - 1))
+            pieces[f"verify:{mode}"].add(t.verify_ms / (forwards - 1))
             if mode == "drafter":
-                pieces["propose:drafter"].append(t.draft_ms / (forwards - 1))
+                pieces["propose:drafter"].add(t.draft_ms / (forwards - 1))
         if mode == "retrieval":
-            pieces["propose:retrieval"].append(t.draft_ms)
+            pieces["propose:retrieval"].add(t.draft_ms)
+        self._unanimous = False
 
     def _bin(self, metric: float) -> int:
-        return int(np.searchsorted(self.edges, metric, side="right"))
-
-
-def _median(values: deque) -> float | None:
-    return statistics.median(values) if values else None
+        return bisect.bisect_right(self._edges, metric)
 
 
 def seed_passes(frames: dict[str, list], n_tokens: int) -> dict[Mode, np.ndarray]:

@@ -1,0 +1,74 @@
+"""Moving statistics over the latest `window` values, cheap to read on the decode hot path.
+
+The cost rules (mode switch, retrieval fallback, drafter tree) read their estimates every control
+step but learn one or two values per step, so each statistic is kept up to date on `add` (a running
+sum) or cached until the next `add` (a median), instead of recomputed from the window per read.
+Plain Python: numpy's per-call overhead on a few dozen numbers costs more than the arithmetic.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+
+class MovingMedian:
+    """Median of the latest `window` values (None while empty), computed once per change."""
+
+    __slots__ = ("_values", "_median", "_stale")
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"a moving window needs >= 1 value, got {window}")
+        self._values: deque[float] = deque(maxlen=window)
+        self._median: float | None = None
+        self._stale = False
+
+    def add(self, value: float) -> None:
+        self._values.append(float(value))
+        self._stale = True
+
+    @property
+    def value(self) -> float | None:
+        if self._stale:
+            self._median, self._stale = statistics.median(self._values), False
+        return self._median
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class MovingMean:
+    """Mean of the latest `window` values and the share of them above zero, from running sums."""
+
+    __slots__ = ("_values", "_sum", "_positive")
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"a moving window needs >= 1 value, got {window}")
+        self._values: deque[float] = deque(maxlen=window)
+        self._sum = 0.0
+        self._positive = 0
+
+    def add(self, value: float) -> None:
+        values = self._values
+        if len(values) == values.maxlen:
+            old = values[0]
+            self._sum -= old
+            self._positive -= old > 0
+        value = float(value)
+        values.append(value)
+        self._sum += value
+        self._positive += value > 0
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def total(self) -> float:
+        return self._sum
+
+    @property
+    def positive(self) -> int:
+        """How many of the values are > 0."""
+        return self._positive
