@@ -130,6 +130,7 @@ class RemotePolicy:
         self.instruction, self.task = instruction, task
 
     def act(self, image: np.ndarray, state: np.ndarray, ee_path=None):
+        from heisd.decoding.cost_rule import CostChoice
         from heisd.runtime.policy import StepRecord
 
         if self._episode is None:
@@ -137,7 +138,8 @@ class RemotePolicy:
         step = self.client.act(image, self.instruction, proprio=state, ee_pos=ee_path, episode_id=self._episode,
                                reset=self._fresh, task=self.task)
         self._fresh = False
-        return step.actions, StepRecord(**step.record)
+        record = {**step.record, "choices": [CostChoice(**c) for c in step.record.get("choices", [])]}
+        return step.actions, StepRecord(**record)
 
     def end_episode(self, success: bool) -> None:
         if self._episode is not None and not self._fresh:

@@ -40,7 +40,7 @@ def target_device(args: argparse.Namespace):
 
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     """What shapes the decoders a method runs (also what `calibrate` must decode with)."""
-    from heisd.runtime.methods import MethodConfig, default_of
+    from heisd.runtime.methods import FALLBACKS, MethodConfig, default_of
 
     d = lambda name: default_of(MethodConfig, name)  # noqa: E731
     p.add_argument("--drafter", default=None, help="drafter checkpoint directory (specvla*, heisd)")
@@ -52,9 +52,14 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retrieval-budget", type=int, default=d("retrieval_budget"), help="retrieval tree: total nodes")
     p.add_argument("--payload", default=d("payload"), choices=["own", "demo", "both"],
                    help="retrieval drafts from the target's own tokens, the demonstrator's, or both")
-    p.add_argument("--retrieval-fallback", default=d("retrieval_fallback"), choices=["drafter", "ar", "jacobi"],
+    p.add_argument("--retrieval-fallback", default=d("retrieval_fallback"), choices=FALLBACKS,
                    help="how a step continues after a rejected retrieval group (and no agreeing retrieved "
-                        "sequence): plain AR, drafter SD as in the paper, or Jacobi iterations (no draft model)")
+                        "sequence): plain AR, drafter SD as in the paper, Jacobi iterations (no draft model), "
+                        "or cost: per rejected step, whichever of those (the drafter if given) is expected to "
+                        "finish it fastest, from what each costs in this run")
+    p.add_argument("--drafter-tree", default=d("drafter_tree"), choices=["fixed", "cost"],
+                   help="drafter proposals: always the configured tree (fixed), or per proposal the configured "
+                        "tree or a one-pass depth-1 tree, whichever costs fewer ms per token in this run (cost)")
     p.add_argument("--no-continuation", action="store_true",
                    help="ablation: after a rejected retrieval group, go straight to the fallback instead of "
                         "drafting the rest from the retrieved sequences that agree with what was emitted")
@@ -107,7 +112,8 @@ def _method_config(args: argparse.Namespace, method: str | None = None, **overri
         method=method or args.method, drafter=_str(args.drafter), datastore=_str(args.datastore),
         tree_topk=args.tree_topk, tree_depth=args.tree_depth, tree_budget=args.tree_budget,
         retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
-        retrieval_fallback=args.retrieval_fallback, continuation=not args.no_continuation,
+        retrieval_fallback=args.retrieval_fallback, drafter_tree=args.drafter_tree,
+        continuation=not args.no_continuation,
         group_acceptance=not args.no_group_acceptance,
     )
     optional = dict(relaxed_r="relaxed_r", verify_skip="no_verify_skip", prefill_skip="no_prefill_skip",

@@ -14,12 +14,13 @@ expanded candidates make the tree. A child never outscores its parent (log-probs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from heisd.decoding import DecodeState, DraftTree, Proposal, Proposer
+from heisd.decoding.cost_rule import CostChoice, OptionCosts
 from heisd.drafter.model import Drafter, additive_mask
 
 
@@ -35,19 +36,46 @@ class TreeConfig:
                 raise ValueError(f"TreeConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
+@dataclass
+class DrafterStepStats:
+    choices: list[CostChoice] = field(default_factory=list)  # the tree rule's choices this step (cost rule only)
+
+
 class DrafterProposer(Proposer):
-    def __init__(self, drafter: Drafter, tree: TreeConfig | None = None):
+    """`choose_tree`: per proposal, the configured tree or a one-pass tree (depth 1, its top-k
+    children), whichever the shared cost rule expects to cost fewer ms per emitted token."""
+
+    def __init__(self, drafter: Drafter, tree: TreeConfig | None = None, choose_tree: bool = False):
         self.drafter = drafter.eval()
         self.tree = tree or TreeConfig()
         if self.tree.topk > drafter.config.n_bins:
             raise ValueError(f"topk {self.tree.topk} exceeds the {drafter.config.n_bins} action tokens")
+        self.shapes = {"configured": self.tree}
+        if choose_tree:
+            self.shapes["depth-1"] = TreeConfig(self.tree.topk, 1, min(self.tree.topk, self.tree.budget))
+        self._rule = OptionCosts("tree", list(self.shapes)) if choose_tree else None
         self._features: dict[int, torch.Tensor] = {}  # this step: action position -> target feature that predicted it
+        self._last: DraftTree | None = None  # the latest tree proposed (its pass is the open turn)
+        self._n_tokens = 0
+        self._stats = DrafterStepStats()
 
     def begin_step(self, context: dict) -> None:
-        self._features = {}
+        self._features, self._last, self._stats = {}, None, DrafterStepStats()
+        if self._rule is not None:
+            self._rule.drop_turn()
+
+    def end_step(self) -> DrafterStepStats:
+        self._close_turn(self._n_tokens)  # the step ends with all its tokens out
+        return self._stats
 
     def reset(self) -> None:
-        self._features = {}
+        self._features, self._last = {}, None
+        if self._rule is not None:
+            self._rule.drop_turn()
+
+    def _close_turn(self, emitted: int) -> None:
+        if self._rule is not None and self._rule.turn_open:
+            self._stats.choices.append(self._rule.close_turn(emitted))
 
     def _context(self, state: DecodeState) -> torch.Tensor | None:
         """[k, d] target features of the k emitted tokens, or None where some are unknown.
@@ -64,14 +92,30 @@ class DrafterProposer(Proposer):
             return None
         return torch.stack([self._features[i] for i in range(k)])
 
-    @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal | None:
+        shape = self.tree
+        if self._rule is not None:
+            # the previous turn (one pass of our tree) ends here, unless another proposer's pass came between
+            if state.last_tree is not None and state.last_tree is self._last:
+                self._close_turn(len(state.emitted))
+            self._rule.drop_turn()
+            self._n_tokens = state.n_tokens
+            shape = self.shapes[self._rule.open_turn(len(state.emitted))]
+            self._rule.count_pass()
+        proposal = self._propose(state, shape)
+        self._last = proposal.tree if proposal is not None else None
+        if proposal is None and self._rule is not None:
+            self._rule.drop_turn()  # an AR pass: not the shape's
+        return proposal
+
+    @torch.inference_mode()
+    def _propose(self, state: DecodeState, shape: TreeConfig) -> Proposal | None:
         context = self._context(state)
         k = len(state.emitted)
-        depth = min(self.tree.depth, state.n_tokens - k)
+        depth = min(shape.depth, state.n_tokens - k)
         if context is None or depth < 1:
             return None
-        d, topk = self.drafter, self.tree.topk
+        d, topk = self.drafter, shape.topk
         device = d.fc.weight.device
         cache = DynamicCache()
         causal = additive_mask(torch.ones(k, k, dtype=torch.bool).tril()).to(device)
@@ -104,16 +148,17 @@ class DrafterProposer(Proposer):
             frontier_score, best = child_score.flatten().topk(topk)
             frontier = (first + best).tolist()
             inputs = out[best // topk]
-        return Proposal(self._select(bins, parents, scores, d.first_action_id))
+        return Proposal(self._select(bins, parents, scores, d.first_action_id, shape.budget))
 
-    def _select(self, bins: list[int], parents: list[int], scores: list[float], first_id: int) -> DraftTree:
+    @staticmethod
+    def _select(bins: list[int], parents: list[int], scores: list[float], first_id: int, budget: int) -> DraftTree:
         # Best-first with ties broken toward shallower, earlier candidates, so a parent always
         # precedes its children; candidate order is topological, so sorting the kept ones keeps it so.
         depth = [0] * len(bins)
         for i, p in enumerate(parents):
             depth[i] = 1 if p < 0 else depth[p] + 1
         order = sorted(range(len(bins)), key=lambda i: (-scores[i], depth[i], i))
-        kept = sorted(order[: self.tree.budget])
+        kept = sorted(order[:budget])
         new_index = {old: new for new, old in enumerate(kept)}
         return DraftTree(
             torch.tensor([bins[i] + first_id for i in kept], dtype=torch.long),

@@ -4,8 +4,8 @@ target passes) times the per-piece costs a `heisd profile` measured there.
 Per control step: vision, the retrieval query in retrieval mode, the prefill when the target
 ran, and per verify pass after it: AR a decode step; the drafter a tree verification of its
 budget plus one drafter pass per tree level; Jacobi a chain of the remaining tokens; retrieval
-its group tree once, then its fallback (AR decode steps, drafter passes or Jacobi chains). Bookkeeping is not
-modelled. Every number this produces is a projection, and the report says so.
+its group tree once, then its fallback (AR decode steps, drafter passes or Jacobi chains; with
+`--retrieval-fallback cost`, the one the step chose). Bookkeeping is not modelled. Every number this produces is a projection, and the report says so.
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ def step_ms(step: dict[str, Any], config: dict[str, Any], profile: dict[str, Any
     if mode == "retrieval":
         ms += piece(profile, "datastore_query")
         if verifies:
+            # the cost fallback: what this step chose (a step with no choice on record fell back to nothing)
+            chosen = config["retrieval_fallback"] if config["retrieval_fallback"] != "cost" else step.get("fallback", "ar")
             fallback = {"drafter": drafter_verify, "jacobi": lambda: verify_ms(profile, n_tokens - 1),
-                        "ar": lambda: piece(profile, "decode_step")}[config["retrieval_fallback"]]()
+                        "ar": lambda: piece(profile, "decode_step")}[chosen]()
             ms += verify_ms(profile, config["retrieval_budget"]) + (verifies - 1) * fallback
     elif mode == "jacobi":
         ms += verifies * verify_ms(profile, n_tokens - 1)
@@ -64,7 +66,9 @@ def project_bench(bench_dir: Path, profile: dict[str, Any]) -> list[dict[str, An
         steps = []
         for line in (bench_dir / s["dir"] / "episodes.jsonl").read_text().splitlines():
             record = json.loads(line)["steps"]
-            steps += [{"mode": m, "target_forwards": f} for m, f in zip(record["mode"], record["target_forwards"])]
+            choices = record.get("choices", [[]] * len(record["mode"]))
+            steps += [{"mode": m, "target_forwards": f, "fallback": _fallback(c)}
+                      for m, f, c in zip(record["mode"], record["target_forwards"], choices)]
         projected = [step_ms(step, s["config"], profile, n_tokens) for step in steps]
         rows.append({"method": s["method"], "steps": len(steps), "measured_ms": s["latency_ms"]["median"],
                      "measured_speedup": s["speedup"], "projected_ms": float(np.median(projected))})
@@ -72,6 +76,11 @@ def project_bench(bench_dir: Path, profile: dict[str, Any]) -> list[dict[str, An
     for row in rows:
         row["projected_speedup"] = ar / row["projected_ms"]
     return rows
+
+
+def _fallback(choices: list) -> str:
+    """The fallback a step's cost rule chose (`episode_steps` choices), "ar" when none ran."""
+    return next((option for rule, option, *_ in choices if rule == "fallback"), "ar")
 
 
 def format_projection(rows: list[dict[str, Any]], profile: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ The loop verifies it once. After a rejected group (the verify pass emitted the t
 token there), a later call of the same step first drafts the rest from the step's retrieved
 sequences that agree with everything emitted so far (`continue_drafts`, ours: no new query,
 no draft model); when none agrees it goes to the fallback proposer (the drafter; None = plain
-AR), as in HeiSD. The loop's `begin_step` marks each new control step.
+AR; or `CostFallback`, the cheapest of several), as in HeiSD. The loop's `begin_step` marks each new control step.
 
 Where drafts start. The prefill already emitted the target's free greedy first token
 (emitted[0], the first position of group 0), so drafts cover positions `state.position`..
@@ -24,13 +24,14 @@ import heapq
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
 from heisd.decoding import ActionVocab, DecodeState, DraftTree, GroupRelaxedAcceptance, Proposal, Proposer
+from heisd.decoding.cost_rule import CostChoice
 from heisd.retrieval.datastore import Datastore, RetrievalResult
 
 if TYPE_CHECKING:
@@ -187,6 +188,7 @@ class RetrievalStepStats:
     hidden_similarity: float | None = None  # verify-skip's cosine similarity (None: skip off)
     continuations: int = 0  # later trees of this step drawn from the agreeing retrieved sequences
     gripper_veto: bool = False  # the guard refused a skip (the draft moves the gripper, or no previous action)
+    choices: list[CostChoice] = field(default_factory=list)  # the fallback's cost-rule choices this step
 
 
 class RetrievalProposer(Proposer):
@@ -242,6 +244,8 @@ class RetrievalProposer(Proposer):
         return tokens
 
     def end_step(self) -> RetrievalStepStats:
+        if self.fallback is not None:  # it may time its own turns up to here
+            self._stats.choices = list(getattr(self.fallback.end_step(), "choices", []))
         return self._stats
 
     def propose(self, state: DecodeState) -> Proposal | None:

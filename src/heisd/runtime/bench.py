@@ -124,11 +124,23 @@ def switch_table(summaries: list[dict]) -> str:
         switch = s.get("switch", {})
         modes = switch.get("modes", {})
         if len(modes) < 2 and "predicted_steps" not in switch:
-            continue  # a single-mode method decides nothing
+            continue  # a single-mode method makes no mode decision
         error = switch.get("median_relative_error")
         rows.append(f"| {s['method']} | {modes.get('retrieval', 0)} | {modes.get('drafter', 0)} | "
-                    f"{switch.get('predicted_steps', 0)} | {'-' if error is None else f'{100 * error:.0f}%'} |")
+                    f"{switch.get('predicted_steps', 0)} | {_percent(error)} |")
+    rules = [(s["method"], rule, option, e) for s in summaries
+             for rule, options in s.get("switch", {}).get("rules", {}).items() for option, e in options.items()]
+    if rules:
+        rows += ["", "Cost-rule choices (fallback: after a rejected retrieval group, per step; tree: per drafter "
+                 "proposal), with the median abs. error of the predicted time of each choice:", "",
+                 "| method | rule | option | chosen | predicted | median abs. error |", "|---|---|---|---|---|---|"]
+        rows += [f"| {m} | {rule} | {option} | {e['chosen']} | {e['predicted']} | {_percent(e['median_relative_error'])} |"
+                 for m, rule, option, e in rules]
     return "\n".join(rows) + "\n\n"
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
 
 
 def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig) -> Path:

@@ -24,6 +24,7 @@ from heisd.drafter.proposer import TreeConfig
 from heisd.retrieval.proposer import RetrievalConfig
 
 METHODS = ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "heisd")
+FALLBACKS = ("ar", "drafter", "jacobi", "cost")
 
 
 def default_of(config: type, name: str):
@@ -45,9 +46,13 @@ class MethodConfig:
     retrieval_budget: int = default_of(RetrievalConfig, "node_budget")  # retrieval tree: total nodes
     payload: str = default_of(RetrievalConfig, "payload")  # drafts from the target's own tokens, demo tokens, or both
     # after a rejected retrieval group: plain "ar" (default: on CPU a drafter pass costs more than
-    # the target step it saves, BENCHMARKS 3.1), "drafter" SD as in the paper, or "jacobi" (ours:
-    # Jacobi iterations, no draft model; lossless under exact acceptance)
+    # the target step it saves, BENCHMARKS 3.1), "drafter" SD as in the paper, "jacobi" (ours:
+    # Jacobi iterations, no draft model; lossless under exact acceptance), or "cost" (ours: per
+    # rejected step, whichever of those is expected to finish it fastest, measured online)
     retrieval_fallback: str = "ar"
+    # drafter tree per proposal: the configured one ("fixed"), or "cost" (ours: the configured one
+    # or a one-pass depth-1 tree, whichever is expected to cost fewer ms per token, measured online)
+    drafter_tree: str = "fixed"
     continuation: bool = default_of(RetrievalConfig, "continue_drafts")  # after a rejection, draft the rest
     gripper_guard: bool = default_of(RetrievalConfig, "gripper_guard")  # skips never move the gripper
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
@@ -68,8 +73,10 @@ class MethodConfig:
             raise ValueError(f"method {self.method} needs a drafter (--drafter DIR)")
         if self.method in ("retrieval", "heisd") and not self.datastore:
             raise ValueError(f"method {self.method} needs a datastore (--datastore DIR)")
-        if self.retrieval_fallback not in ("drafter", "ar", "jacobi"):
-            raise ValueError(f"retrieval_fallback must be 'drafter', 'ar' or 'jacobi', got {self.retrieval_fallback!r}")
+        if self.retrieval_fallback not in FALLBACKS:
+            raise ValueError(f"retrieval_fallback must be one of {', '.join(FALLBACKS)}, got {self.retrieval_fallback!r}")
+        if self.drafter_tree not in ("fixed", "cost"):
+            raise ValueError(f"drafter_tree must be 'fixed' or 'cost', got {self.drafter_tree!r}")
         if self.retrieval_fallback == "drafter" and self.method in ("retrieval", "heisd") and not self.drafter:
             raise ValueError("--retrieval-fallback drafter needs a drafter (--drafter DIR)")
         if self.switch not in ("cost", "threshold"):
@@ -103,6 +110,8 @@ class MethodConfig:
                 parts.append(f"{self.retrieval_fallback}-fallback")
         if self.method == "heisd" and self.switch == "threshold":
             parts.append("threshold")
+        if self.drafter_tree != "fixed" and self.drafter:
+            parts.append(f"{self.drafter_tree}-tree")
         label = "+".join(parts)
         if self.method == "heisd" and self.switch == "threshold" and self.switch_threshold is not None:
             return f"{label}@{self.switch_threshold:g}"
@@ -136,6 +145,7 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None) -> tuple[dict, obje
     built one way for eval, replay, bench and calibrate, so what is calibrated is what runs."""
     from heisd.decoding import (DecodeConfig, ExactAcceptance, JacobiProposer, SpeculativeDecoder,
                                 TokenRelaxedAcceptance, Verifier)
+    from heisd.decoding.fallback import CostFallback
 
     verifier = Verifier(target.llm)
     spec = target.spec
@@ -148,7 +158,11 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None) -> tuple[dict, obje
     if cfg.method in ("specvla", "specvla-relaxed"):
         rule = TokenRelaxedAcceptance(cfg.relaxed_r) if cfg.method == "specvla-relaxed" else ExactAcceptance()
         return {"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None
-    fallback = {"drafter": drafter, "jacobi": JacobiProposer(), "ar": None}[cfg.retrieval_fallback]
+    if cfg.retrieval_fallback == "cost":  # the options in the order they are first tried
+        options = {"ar": None, "jacobi": JacobiProposer(), **({"drafter": drafter} if drafter else {})}
+        fallback = CostFallback(options)
+    else:
+        fallback = {"drafter": drafter, "jacobi": JacobiProposer(), "ar": None}[cfg.retrieval_fallback]
     retrieval, rule = _retrieval_proposer(cfg, target, datastore, fallback, SpeculativeDecoder(verifier, dcfg).vocab)
     by_mode = {"retrieval": SpeculativeDecoder(verifier, dcfg, retrieval, rule)}
     if cfg.method == "heisd":
@@ -163,7 +177,8 @@ def _drafter_proposer(cfg: MethodConfig, target):
 
     drafter = Drafter.from_pretrained(Path(cfg.drafter), DrafterTarget.from_target(target))
     drafter.eval()
-    return DrafterProposer(drafter, TreeConfig(cfg.tree_topk, cfg.tree_depth, cfg.tree_budget))
+    return DrafterProposer(drafter, TreeConfig(cfg.tree_topk, cfg.tree_depth, cfg.tree_budget),
+                           choose_tree=cfg.drafter_tree == "cost")
 
 
 def retrieval_config(cfg: MethodConfig, target) -> RetrievalConfig:

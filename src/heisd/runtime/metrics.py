@@ -21,6 +21,9 @@ def episode_steps(records: list[StepRecord]) -> dict:
         "metric": [None if r.metric is None else round(r.metric, 5) for r in records],
         "decode_ms": [round(r.decode_ms, 4) for r in records],
         "expected_ms": [None if r.expected_ms is None else round(r.expected_ms, 4) for r in records],
+        # per step: [rule, option, expected ms or None, actual ms, tokens] of each cost-rule choice
+        "choices": [[[c.rule, c.option, None if c.expected_ms is None else round(c.expected_ms, 4),
+                      round(c.actual_ms, 4), c.tokens] for c in r.choices] for r in records],
     }
 
 
@@ -57,6 +60,19 @@ def switch_metrics(step_lists: list[dict]) -> dict:
     if pairs:
         out["predicted_steps"] = len(pairs)
         out["median_relative_error"] = float(np.median([abs(e - a) / a for e, a in pairs]))
+    rules: dict = {}  # "fallback" / "tree" -> option -> how often chosen and how good the predictions were
+    for s in step_lists:
+        for step in s.get("choices", []):
+            for rule, option, expected, actual, _ in step:
+                entry = rules.setdefault(rule, {}).setdefault(option, {"chosen": 0, "errors": []})
+                entry["chosen"] += 1
+                if expected is not None and actual > 0:
+                    entry["errors"].append(abs(expected - actual) / actual)
+    if rules:
+        out["rules"] = {rule: {option: {"chosen": e["chosen"], "predicted": len(e["errors"]),
+                                        "median_relative_error": float(np.median(e["errors"])) if e["errors"] else None}
+                               for option, e in sorted(options.items())}
+                        for rule, options in sorted(rules.items())}
     return out
 
 

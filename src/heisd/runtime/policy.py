@@ -29,6 +29,7 @@ class StepRecord:
     deviation: int  # summed bin deviation of accepted drafts from the target's greedy tokens
     decode_ms: float = 0.0  # the decode loop's own time (prefill + draft + verify + bookkeeping)
     expected_ms: float | None = None  # the switch's prediction of decode_ms (cost-aware switch only)
+    choices: list = field(default_factory=list)  # CostChoice of the fallback and tree rules this step
 
 
 @dataclass
@@ -107,6 +108,7 @@ class VLAPolicy:
             target_forwards=result.target_forwards, acceptance_length=result.acceptance_length,
             skipped=result.skipped_tokens > 0, mode=mode, metric=metric, deviation=result.deviation,
             decode_ms=timing.prefill_ms + timing.draft_ms + timing.verify_ms + timing.other_ms, expected_ms=expected,
+            choices=list(getattr(result.proposer_stats, "choices", [])),
         )
         return actions, record
 
