@@ -1,38 +1,44 @@
 """Moving statistics over the latest `window` values, cheap to read on the decode hot path.
 
 The cost rules (mode switch, retrieval fallback, drafter tree) read their estimates every control
-step but learn one or two values per step, so each statistic is kept up to date on `add` (a running
-sum) or cached until the next `add` (a median), instead of recomputed from the window per read.
+step and learn a few values per step, so each statistic is kept up to date on `add` (a running
+sum, a sorted copy of the window) instead of recomputed from the window per read.
 Plain Python: numpy's per-call overhead on a few dozen numbers costs more than the arithmetic.
 """
 
 from __future__ import annotations
 
-import statistics
+import bisect
 from collections import deque
 
 
 class MovingMedian:
-    """Median of the latest `window` values (None while empty), computed once per change."""
+    """Median of the latest `window` values (None while empty), read in O(1): the window is also
+    kept sorted (an insert and a delete per `add`, both a bisect and a short memmove in C)."""
 
-    __slots__ = ("_values", "_median", "_stale")
+    __slots__ = ("_values", "_sorted")
 
     def __init__(self, window: int) -> None:
         if window < 1:
             raise ValueError(f"a moving window needs >= 1 value, got {window}")
         self._values: deque[float] = deque(maxlen=window)
-        self._median: float | None = None
-        self._stale = False
+        self._sorted: list[float] = []
 
     def add(self, value: float) -> None:
-        self._values.append(float(value))
-        self._stale = True
+        values, ordered = self._values, self._sorted
+        if len(values) == values.maxlen:
+            del ordered[bisect.bisect_left(ordered, values[0])]
+        value = float(value)
+        values.append(value)
+        bisect.insort(ordered, value)
 
     @property
     def value(self) -> float | None:
-        if self._stale:
-            self._median, self._stale = statistics.median(self._values), False
-        return self._median
+        ordered, n = self._sorted, len(self._sorted)
+        if not n:
+            return None
+        half = n // 2
+        return ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
 
     def __len__(self) -> int:
         return len(self._values)

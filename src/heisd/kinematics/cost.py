@@ -37,7 +37,9 @@ from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryT
 from heisd.kinematics.switch import Decision, Mode
 
 MODES: tuple[Mode, Mode] = ("retrieval", "drafter")
-PIECES = ("prefill", "verify:retrieval", "verify:drafter", "propose:retrieval", "propose:drafter")
+_VERIFY = {m: f"verify:{m}" for m in MODES}  # piece names per mode
+_PROPOSE = {m: f"propose:{m}" for m in MODES}
+PIECES = ("prefill", *_VERIFY.values(), *_PROPOSE.values())
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,7 @@ class CostAwareSwitch:
         return self._decide(None if metric is None else self._bin(metric))
 
     def _decide(self, b: int | None) -> tuple[Mode, dict[str, float | None]]:
-        expected = {m: self._expected(m, b) for m in MODES}
-        untried = [m for m in MODES if expected[m] is None]
-        if untried:
-            return untried[0], expected
-        return min(MODES, key=lambda m: (expected[m], MODES.index(m))), expected
+        return _cheapest({m: self._expected(m, b) for m in MODES})
 
     def unanimous(self) -> tuple[Mode, float] | None:
         """(mode, its expected ms before the window fills) when every case F could fall in (no F
@@ -117,11 +115,19 @@ class CostAwareSwitch:
         such a decision. Cached until the next `observe`."""
         if self._unanimous is False:
             self._unanimous = None
-            cases = [self._decide(b) for b in self._cases]
-            modes = {mode for mode, _ in cases}
-            if len(modes) == 1 and all(None not in expected.values() for _, expected in cases):
-                mode = modes.pop()
-                self._unanimous = (mode, cases[0][1][mode])
+            # plain locals, no dicts: this runs every step, with the caches cold after the model's passes
+            pieces_r, pieces_d = self._mode_pieces("retrieval"), self._mode_pieces("drafter")
+            verdict = None
+            for b in self._cases:
+                retrieval = _expected_ms("retrieval", *self._passes_in("retrieval", b), *pieces_r)
+                drafter = _expected_ms("drafter", *self._passes_in("drafter", b), *pieces_d)
+                if retrieval is None or drafter is None:
+                    return None
+                mode, ms = ("retrieval", retrieval) if retrieval <= drafter else ("drafter", drafter)  # as _cheapest
+                if verdict is not None and mode != verdict[0]:
+                    return None
+                verdict = verdict or (mode, ms)  # the first case is F = None
+            self._unanimous = verdict
         return self._unanimous
 
     def expected_ms(self, mode: Mode, metric: float | None) -> float | None:
@@ -129,24 +135,20 @@ class CostAwareSwitch:
         return self._expected(mode, None if metric is None else self._bin(metric))
 
     def _expected(self, mode: Mode, b: int | None) -> float | None:
-        if b is None:  # before the window fills: all bins pooled
+        return _expected_ms(mode, *self._passes_in(mode, b), *self._mode_pieces(mode))
+
+    def _passes_in(self, mode: Mode, b: int | None) -> tuple[int, float, int]:
+        """(steps, summed passes, steps where the target ran) in bin `b` (None: all bins pooled)."""
+        if b is None:  # before the window fills
             windows = [self._passes[(mode, i)] for i in range(self.config.bins)]
-            count = sum(len(w) for w in windows)
-            total, positive = sum(w.total for w in windows), sum(w.positive for w in windows)
-        else:
-            window = self._passes[(mode, b)]
-            count, total, positive = len(window), window.total, window.positive
+            return sum(len(w) for w in windows), sum(w.total for w in windows), sum(w.positive for w in windows)
+        window = self._passes[(mode, b)]
+        return len(window), window.total, window.positive
+
+    def _mode_pieces(self, mode: Mode) -> tuple[float | None, float | None, float | None]:
+        """(prefill, one verify pass, one proposal) of `mode`: moving medians."""
         pieces = self._pieces
-        prefill, verify = pieces["prefill"].value, pieces[f"verify:{mode}"].value
-        proposal = pieces[f"propose:{mode}"].value
-        if not count or prefill is None or proposal is None:  # e.g. a bin no calibration frame fell into
-            return None
-        passes, runs = total / count, positive / count  # runs: P(the target runs)
-        verifies = max(passes - runs, 0.0)
-        if verify is None and verifies > 0:
-            return None
-        proposals = verifies if mode == "drafter" else 1.0  # a drafter pass per verify; one query per step
-        return runs * prefill + verifies * (verify or 0.0) + proposals * proposal
+        return pieces["prefill"].value, pieces[_VERIFY[mode]].value, pieces[_PROPOSE[mode]].value
 
     def observe(self, mode: Mode, metric: float | None, result: Any) -> None:
         """Learn from a decoded step (`DecodeResult`): its passes (in its F bin, when F was
@@ -158,7 +160,7 @@ class CostAwareSwitch:
         if forwards > 0:
             pieces["prefill"].add(t.prefill_ms)
         if forwards > 1:
-            pieces[f"verify:{mode}"].add(t.verify_ms / (forwards - 1))
+            pieces[_VERIFY[mode]].add(t.verify_ms / (forwards - 1))
             if mode == "drafter":
                 pieces["propose:drafter"].add(t.draft_ms / (forwards - 1))
         if mode == "retrieval":
@@ -167,6 +169,28 @@ class CostAwareSwitch:
 
     def _bin(self, metric: float) -> int:
         return bisect.bisect_right(self._edges, metric)
+
+
+def _cheapest(expected: dict[Mode, float | None]) -> tuple[Mode, dict[Mode, float | None]]:
+    """The first untried mode (no estimate), else the cheaper (ties: retrieval), and the expectations."""
+    for mode in MODES:
+        if expected[mode] is None:
+            return mode, expected
+    return min(MODES, key=lambda m: (expected[m], MODES.index(m))), expected
+
+
+def _expected_ms(mode: Mode, count: int, total: float, positive: int, prefill: float | None,
+                 verify: float | None, proposal: float | None) -> float | None:
+    """The formula (module docstring) from a bin's passes and the mode's piece costs; None while
+    something it needs was never measured (e.g. a bin no calibration frame fell into)."""
+    if not count or prefill is None or proposal is None:
+        return None
+    passes, runs = total / count, positive / count  # runs: P(the target runs)
+    verifies = max(passes - runs, 0.0)
+    if verify is None and verifies > 0:
+        return None
+    proposals = verifies if mode == "drafter" else 1.0  # a drafter pass per verify; one query per step
+    return runs * prefill + verifies * (verify or 0.0) + proposals * proposal
 
 
 def seed_passes(frames: dict[str, list], n_tokens: int) -> dict[Mode, np.ndarray]:

@@ -149,33 +149,35 @@ class TrajectoryTracker:
                  delta_scale: float | None = None) -> None:
         stats.check(config)
         self.config, self.stats, self.delta_scale = config, stats, delta_scale
-        self._points: deque[np.ndarray] = deque(maxlen=config.window)
+        # plain float triples: an update runs every env step, F only when a decision needs it
+        self._points: deque[tuple[float, float, float]] = deque(maxlen=config.window)
         self._fused: float | None = None  # F of the current window, computed once when asked
         self._stale = True
 
-    def reset(self, ee_pos: np.ndarray | None = None) -> None:
+    def reset(self, ee_pos: Sequence[float] | None = None) -> None:
         """New episode; `ee_pos` seeds the start (integration starts at the origin otherwise:
         F depends only on relative positions)."""
         self._points.clear()
         self._stale = True
         if ee_pos is not None:
-            self._points.append(np.asarray(ee_pos, dtype=np.float64)[:3].copy())
+            self.update(ee_pos=ee_pos)
 
-    def update(self, ee_pos: np.ndarray | None = None, delta: np.ndarray | None = None) -> None:
+    def update(self, ee_pos: Sequence[float] | None = None, delta: Sequence[float] | None = None) -> None:
         """Append this step's position (F is computed when asked: a control step asks once,
         however many env steps it executed)."""
         if ee_pos is not None:
-            point = np.asarray(ee_pos, dtype=np.float64)[:3].copy()
+            x, y, z = (float(v) for v in ee_pos[:3])
         elif delta is not None:
             if self.delta_scale is None:
                 raise ValueError("delta given but the tracker has no delta_scale")
-            last = self._points[-1] if self._points else np.zeros(3)
-            point = last + self.delta_scale * np.asarray(delta, dtype=np.float64)[:3]
+            lx, ly, lz = self._points[-1] if self._points else (0.0, 0.0, 0.0)
+            dx, dy, dz = (self.delta_scale * float(v) for v in delta[:3])
+            x, y, z = lx + dx, ly + dy, lz + dz
         else:
             raise ValueError("update needs ee_pos or delta")
-        if not np.all(np.isfinite(point)):
-            raise ValueError(f"non-finite end-effector position {point}")
-        self._points.append(point)
+        if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)):
+            raise ValueError(f"non-finite end-effector position {[x, y, z]}")
+        self._points.append((x, y, z))
         self._stale = True
 
     def __len__(self) -> int:
@@ -185,6 +187,6 @@ class TrajectoryTracker:
         """F over the last w positions, or None while fewer than w exist."""
         if self._stale:
             full = len(self._points) == self.config.window
-            self._fused = fused_metric(np.stack(self._points), self.stats, self.config) if full else None
+            self._fused = fused_metric(np.array(self._points), self.stats, self.config) if full else None
             self._stale = False
         return self._fused

@@ -116,6 +116,6 @@ class VLAPolicy:
         """(mode, F, the switch's expected decode ms) of this step."""
         if self.decoders.switch is None:
             return self.decoders.fixed_mode, None, None
-        for ee_pos in ee_path:
+        for ee_pos in ee_path.tolist():  # plain floats: the tracker's update is per env step
             self._tracker.update(ee_pos=ee_pos)
         return self.decoders.switch.mode(self._tracker)
