@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from heisd.benchmarks.registry import resolve_tasks
     from heisd.commands.common import check_closed_loop, load_target, method_config
-    from heisd.runtime.bench import QUICK_TASKS, ladder, report_table, run_bench, write_report
+    from heisd.runtime.bench import QUICK_TASKS, full_heisd, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig
 
     if args.quick:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     check_closed_loop(args, target)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps, benchmark=args.benchmark, protocol=target.spec.protocol)
     out = Path(args.out)
-    summaries = run_bench(target, configs, cfg, out, persist=ladder(base)[-1] if args.persist_thresholds else None,
+    summaries = run_bench(target, configs, cfg, out, persist=full_heisd(base) if args.persist_thresholds else None,
                           target_path=args.target)
     report = write_report(summaries, out, "heisd " + shlex.join(sys.argv[1:]), cfg)
     print(report_table(summaries))

@@ -3,7 +3,8 @@
 The ablation ladder of the paper (DESIGN 2.5) is three configurations of `heisd` with its
 fixed-threshold switch: metric only (retrieval drafts checked exactly, never skipped) ->
 + verify-skip -> + group acceptance (= the paper's full HeiSD); then ours: + prefill skip,
-and the cost-aware switch, lossless and with every mechanism.
+and the cost-aware switch, lossless and with every mechanism, and retrieval and HeiSD whose
+fallback and drafter tree the cost rule picks too.
 """
 
 from __future__ import annotations
@@ -25,9 +26,18 @@ BENCH_RUN = OutputKind("bench", lambda path: path.is_dir() and ((path / BENCH_FI
     EVAL_RUN.recognize(child) for child in path.iterdir() if child.is_dir())))
 
 
+def _every_mechanism(base: MethodConfig) -> MethodConfig:
+    return replace(base, verify_skip=True, group_acceptance=True, prefill_skip=True, lossless=False)
+
+
+def full_heisd(base: MethodConfig) -> MethodConfig:
+    """The ladder's HeiSD with every mechanism (the configuration `--persist-thresholds` persists)."""
+    return replace(_every_mechanism(base), method="heisd")
+
+
 def ladder(base: MethodConfig) -> list[MethodConfig]:
     """All methods and the ablation rungs, from one set of resources and settings."""
-    plain = replace(base, verify_skip=True, group_acceptance=True, prefill_skip=True, lossless=False)
+    plain = _every_mechanism(base)
     configs = [replace(plain, method=m) for m in ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval")]
     configs.append(replace(plain, method="retrieval", lossless=True))
     paper = replace(plain, method="heisd", switch="threshold")
@@ -37,8 +47,15 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
         replace(paper, prefill_skip=False),  # + group acceptance: the paper's full HeiSD
         replace(paper),  # + prefill skip (ours)
         replace(plain, method="heisd", lossless=True),  # ours, lossless: cost-aware switch, AR's tokens
-        replace(plain, method="heisd"),  # ours: cost-aware switch, every mechanism
+        full_heisd(base),  # ours: cost-aware switch, every mechanism
     ]
+    # ours: the cost rule also picks the fallback after a rejected group and the drafter's tree
+    # (beside the base fallback in the same run; nothing new when the base already uses them)
+    costed = dict(retrieval_fallback="cost", drafter_tree="cost")
+    for method in ("retrieval", "heisd"):
+        config = replace(plain, method=method, **costed)
+        if config.label not in {c.label for c in configs}:
+            configs.append(config)
     return configs
 
 
