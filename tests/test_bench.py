@@ -40,8 +40,8 @@ def test_bench_quick_smoke(resources):
     assert labels == ["ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "retrieval+lossless",
                       "heisd+lossless+threshold@0",
                       "heisd+no-group+no-prefill-skip+threshold@0", "heisd+no-prefill-skip+threshold@0",
-                      "heisd+threshold@0", "heisd+lossless", "heisd", "retrieval+cost-fallback+cost-tree",
-                      "heisd+cost-fallback+cost-tree"]
+                      "heisd+threshold@0", "heisd+lossless", "heisd", "retrieval+ar-fallback", "heisd+ar-fallback",
+                      "heisd+cost-tree"]
     # 24 env steps: the kinematic window (15) fills, so heisd runs retrieval mode too
     cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=24, image_size=32)
     out = tmp / "out"

@@ -82,7 +82,7 @@ def test_cost_fallback_and_tree_keep_lossless_tokens_and_record_their_choices(re
     vla, tmp = resources
     cfg = MethodConfig("retrieval", drafter=str(tmp / "drafter"), datastore=str(tmp / "datastore"), lossless=True,
                        retrieval_fallback="cost", drafter_tree="cost", payload="demo")
-    assert cfg.label == "retrieval+lossless+cost-fallback+cost-tree"
+    assert cfg.label == "retrieval+lossless+cost-tree"  # the cost fallback is the default
     policy = VLAPolicy(vla, build_decoders(cfg, vla))
     reference = VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
     result = replay(policy, reference, cfg.label, [tmp / "heldout.hdf5"], frames=12, progress=False)

@@ -3,8 +3,8 @@
 The ablation ladder of the paper (DESIGN 2.5) is three configurations of `heisd` with its
 fixed-threshold switch: metric only (retrieval drafts checked exactly, never skipped) ->
 + verify-skip -> + group acceptance (= the paper's full HeiSD); then ours: + prefill skip,
-and the cost-aware switch, lossless and with every mechanism, and retrieval and HeiSD whose
-fallback and drafter tree the cost rule picks too.
+and the cost-aware switch, lossless and with every mechanism; beside them retrieval and HeiSD
+with plain AR after a rejected group, and HeiSD whose drafter tree the cost rule picks.
 """
 
 from __future__ import annotations
@@ -49,11 +49,13 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
         replace(plain, method="heisd", lossless=True),  # ours, lossless: cost-aware switch, AR's tokens
         full_heisd(base),  # ours: cost-aware switch, every mechanism
     ]
-    # ours: the cost rule also picks the fallback after a rejected group and the drafter's tree
-    # (beside the base fallback in the same run; nothing new when the base already uses them)
-    costed = dict(retrieval_fallback="cost", drafter_tree="cost")
-    for method in ("retrieval", "heisd"):
-        config = replace(plain, method=method, **costed)
+    # the cost rule's other choices beside the base's, in the same run: plain AR after a rejected
+    # group (retrieval, heisd), the drafter tree picked by the cost rule (heisd); a variant equal
+    # to the base is not run twice
+    variants = [replace(plain, method="retrieval", retrieval_fallback="ar"),
+                replace(plain, method="heisd", retrieval_fallback="ar"),
+                replace(plain, method="heisd", drafter_tree="cost")]
+    for config in variants:
         if config.label not in {c.label for c in configs}:
             configs.append(config)
     return configs
