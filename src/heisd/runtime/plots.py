@@ -98,12 +98,15 @@ def _mode_path(summaries: list[dict], out: Path) -> Path | None:
     ax.set_title(f"{episode['task']} episode {episode['episode']}: end-effector path")
     ax.legend(fontsize=7)
     ax2 = fig.add_subplot(1, 2, 2)
-    ax2.plot(metric, color="k", lw=1)
+    # markers as well as a line: the cost switch computes F only where it can change the decision
+    ax2.plot(metric, color="k", lw=1, marker=".", ms=3)
     ax2.scatter(np.flatnonzero(retrieval), np.asarray(metric)[retrieval], color="tab:orange", s=10)
     threshold = full[-1]["config"]["switch_threshold"]
     if threshold is not None:
         ax2.axhline(threshold, color="r", ls="--", lw=1)
     ax2.set_xlabel("control step")
     ax2.set_ylabel("kinematic metric F[w]")
-    ax2.set_title("F over time (orange: retrieval mode)")
+    ax2.set_xlim(-0.5, len(metric) - 0.5)  # every step, with F or not
+    known = int(np.isfinite(metric).sum())
+    ax2.set_title(f"F over time (orange: retrieval mode; F on {known} of {len(metric)} steps)", fontsize=9)
     return _save(fig, out / "heisd_episode_modes.png")
