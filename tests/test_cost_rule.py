@@ -109,3 +109,26 @@ def test_cost_fallback_sends_rejected_steps_to_the_cheapest_option(resources) ->
     result = replay(policy, reference, cfg.label, [tmp / "heldout.hdf5"], frames=6, progress=False)
     assert result["token_mismatch_rate"] == 0.0
     assert list(result["switch"]["rules"]["fallback"]) == ["jacobi"]
+
+
+@pytest.mark.parametrize("cheaper", ["configured", "depth-1"])
+def test_cost_tree_proposes_the_shape_measured_cheaper(resources, cheaper) -> None:
+    """SpecVLA with the tree rule, its costs measured: every proposal is the cheaper shape (a
+    depth-1 tree has only root children, the configured one is deeper), and the tokens stay AR's
+    (exact acceptance)."""
+    vla, tmp = resources
+    policy = VLAPolicy(vla, build_decoders(MethodConfig("specvla", drafter=str(tmp / "drafter"),
+                                                        drafter_tree="cost"), vla))
+    proposer = policy.decoders.by_mode["drafter"].proposer
+    for _ in range(64):  # 1 ms per token for the cheaper shape, 3 ms for the other
+        for shape in ("configured", "depth-1"):
+            proposer.tree_costs.record(shape, passes=1, tokens=2, ms=2.0 if shape == cheaper else 6.0)
+    trees, propose = [], proposer.propose
+    proposer.propose = lambda state: trees.append(propose(state)) or trees[-1]
+    reference = VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
+    result = replay(policy, reference, "specvla+cost-tree", [tmp / "heldout.hdf5"], frames=4, progress=False)
+    assert result["token_mismatch_rate"] == 0.0
+    assert list(result["switch"]["rules"]["tree"]) == [cheaper]
+    shallow = [bool((p.tree.parents < 0).all()) for p in trees if p is not None]
+    # the configured tree (depth 3) is shallow only where one token is left to draft
+    assert shallow and (all(shallow) if cheaper == "depth-1" else not all(shallow))

@@ -53,7 +53,7 @@ class DrafterProposer(Proposer):
         self.shapes = {"configured": self.tree}
         if choose_tree:
             self.shapes["depth-1"] = TreeConfig(self.tree.topk, 1, min(self.tree.topk, self.tree.budget))
-        self._rule = OptionCosts("tree", list(self.shapes)) if choose_tree else None
+        self.tree_costs = OptionCosts("tree", list(self.shapes)) if choose_tree else None  # the tree rule
         self._features: dict[int, torch.Tensor] = {}  # this step: action position -> target feature that predicted it
         self._last: DraftTree | None = None  # the latest tree proposed (its pass is the open turn)
         self._n_tokens = 0
@@ -61,8 +61,8 @@ class DrafterProposer(Proposer):
 
     def begin_step(self, context: dict) -> None:
         self._features, self._last, self._stats = {}, None, DrafterStepStats()
-        if self._rule is not None:
-            self._rule.drop_turn()
+        if self.tree_costs is not None:
+            self.tree_costs.drop_turn()
 
     def end_step(self) -> DrafterStepStats:
         self._close_turn(self._n_tokens)  # the step ends with all its tokens out
@@ -70,12 +70,12 @@ class DrafterProposer(Proposer):
 
     def reset(self) -> None:
         self._features, self._last = {}, None
-        if self._rule is not None:
-            self._rule.drop_turn()
+        if self.tree_costs is not None:
+            self.tree_costs.drop_turn()
 
     def _close_turn(self, emitted: int) -> None:
-        if self._rule is not None and self._rule.turn_open:
-            self._stats.choices.append(self._rule.close_turn(emitted))
+        if self.tree_costs is not None and self.tree_costs.turn_open:
+            self._stats.choices.append(self.tree_costs.close_turn(emitted))
 
     def _context(self, state: DecodeState) -> torch.Tensor | None:
         """[k, d] target features of the k emitted tokens, or None where some are unknown.
@@ -94,18 +94,18 @@ class DrafterProposer(Proposer):
 
     def propose(self, state: DecodeState) -> Proposal | None:
         shape = self.tree
-        if self._rule is not None:
+        if self.tree_costs is not None:
             # the previous turn (one pass of our tree) ends here, unless another proposer's pass came between
             if state.last_tree is not None and state.last_tree is self._last:
                 self._close_turn(len(state.emitted))
-            self._rule.drop_turn()
+            self.tree_costs.drop_turn()
             self._n_tokens = state.n_tokens
-            shape = self.shapes[self._rule.open_turn(len(state.emitted))]
-            self._rule.count_pass()
+            shape = self.shapes[self.tree_costs.open_turn(len(state.emitted))]
+            self.tree_costs.count_pass()
         proposal = self._propose(state, shape)
         self._last = proposal.tree if proposal is not None else None
-        if proposal is None and self._rule is not None:
-            self._rule.drop_turn()  # an AR pass: not the shape's
+        if proposal is None and self.tree_costs is not None:
+            self.tree_costs.drop_turn()  # an AR pass: not the shape's
         return proposal
 
     @torch.inference_mode()
