@@ -3,8 +3,9 @@
 Per held-out frame: the target's greedy tokens and prefill hidden state, the datastore's
 Top-K; s = cosine(hidden, top-1 stored hidden); whether the top-1 draft passes the
 group-relaxed check against the greedy tokens; tokens per target forward of retrieval SD
-(the real decode loop; after a rejected group the agreeing retrieved sequences, then plain AR
-or, with `--retrieval-fallback drafter`, the drafter, as the methods run it; a frame
+(the real decode loop; after a rejected group the agreeing retrieved sequences, then the
+`--retrieval-fallback` (by default the cost rule's pick of AR, Jacobi or the drafter), as the
+methods run it; a frame
 that would skip at the calibrated theta counts n); the same for drafter SD (`--drafter`;
 without one the drafter mode is taken as AR, 1 token per forward); and the kinematic metric
 F over the episode's last w positions.
