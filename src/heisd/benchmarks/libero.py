@@ -83,33 +83,63 @@ class LiberoEnv:
         self.max_steps = config.max_steps or MAX_STEPS[suite]
         sim = _simulator(suite, task, config.image_size, config.fast_render)
         self._env, self._init_states, self.instruction = sim.env, sim.init_states, sim.instruction
-        self.layout: np.ndarray | None = None  # [init state index] of the current episode
+        self.layout: np.ndarray | None = None  # [init state index], or the start state of a fresh layout
         self._steps = 0
 
     @property
     def n_init_states(self) -> int:
         return len(self._init_states)
 
+    @property
+    def simulator(self):
+        """The robosuite environment underneath (scripted experts read object poses from its `sim`)."""
+        return self._env.env
+
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        """``options={"init_state": i}``: the suite's init state ``i`` (OpenVLA: episode i uses state i)."""
+        """``options={"init_state": i}``: the suite's init state ``i`` (OpenVLA: episode i uses state i;
+        `layout` = [i]). ``options={"layout_seed": s}``: a fresh layout drawn by LIBERO's own placement
+        samplers from seed ``s`` (demonstrations: never one of the init states evaluation uses;
+        `layout` = the simulator state it starts from). ``options={"layout": v}``: that state again."""
         options = options or {}
-        if "init_state" not in options:
-            raise UsageError("LIBERO episodes start from a suite init state: reset(options={'init_state': i})")
-        i = int(options["init_state"])
-        if not 0 <= i < self.n_init_states:
-            raise UsageError(f"init state {i} out of range: {self.suite}/{self.task} has {self.n_init_states}")
+        if not {"init_state", "layout_seed", "layout"} & set(options):
+            raise UsageError("LIBERO episodes start from reset(options={'init_state': i}) (a suite init state) or "
+                             "{'layout_seed': s} (a fresh layout) or {'layout': v} (a recorded one)")
         # What OpenVLA's hard reset (rebuilding the model, seconds each) leaves fresh, done in place:
         # the simulator data (solver warm starts the init state does not set) and the gripper's
         # command, which robosuite integrates across steps and never resets otherwise
         self._env.env.sim.reset()
         for robot in self._env.env.robots:
             robot.gripper.current_action = np.zeros(robot.gripper.dof)
-        self._env.reset()
-        self._env.set_init_state(self._init_states[i])
+        if "layout_seed" in options:
+            # LIBERO's samplers draw from numpy's global generator: seed it for this reset only
+            saved = np.random.get_state()
+            np.random.seed(int(options["layout_seed"]) % 2**32)
+            try:
+                self._env.reset()
+            finally:
+                np.random.set_state(saved)
+            layout = self._env.get_sim_state().copy()
+        else:
+            self._env.reset()
+            layout = self._start_state(options)
+            self._env.set_init_state(layout)
         for _ in range(NUM_STEPS_WAIT):  # the protocol ignores `done` during the wait
             sim_obs, _, _, _ = self._env.step(DUMMY_ACTION.tolist())
-        self.layout, self._steps = np.array([i]), 0
+        self.layout = np.array([options["init_state"]]) if "init_state" in options else layout
+        self._steps = 0
         return self._observe(sim_obs), self._info(sim_obs, success=False)
+
+    def _start_state(self, options: dict) -> np.ndarray:
+        if "layout" in options:
+            state = np.asarray(options["layout"], dtype=np.float64)
+            if state.shape != self._init_states.shape[1:]:
+                raise UsageError(f"a {self.task} layout is a simulator state of {self._init_states.shape[1]} "
+                                 f"numbers, got shape {state.shape}")
+            return state
+        i = int(options["init_state"])
+        if not 0 <= i < self.n_init_states:
+            raise UsageError(f"init state {i} out of range: {self.suite}/{self.task} has {self.n_init_states}")
+        return self._init_states[i]
 
     def step(self, action, *, render: bool = True):
         """Gymnasium step; ``render=False`` leaves ``obs["image"]`` None (a mid-chunk frame nobody reads)."""
