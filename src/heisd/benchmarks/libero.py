@@ -83,6 +83,7 @@ class LiberoEnv:
         self.max_steps = config.max_steps or MAX_STEPS[suite]
         sim = _simulator(suite, task, config.image_size, config.fast_render)
         self._env, self._init_states, self.instruction = sim.env, sim.init_states, sim.instruction
+        self.bddl_file = sim.bddl_file  # the task's BDDL file (LIBERO's dataset files name it)
         self.layout: np.ndarray | None = None  # [init state index], or the start state of a fresh layout
         self._steps = 0
 
@@ -94,6 +95,17 @@ class LiberoEnv:
     def simulator(self):
         """The robosuite environment underneath (scripted experts read object poses from its `sim`)."""
         return self._env.env
+
+    @property
+    def problem_info(self) -> dict:
+        """The task's BDDL header, as LIBERO's dataset files record it in their `data` attrs."""
+        e = self._env
+        return {"problem_name": e.problem_name, "domain_name": e.domain_name,
+                "language_instruction": e.language_instruction}
+
+    def sim_state(self) -> np.ndarray:
+        """The flattened MuJoCo state (time, qpos, qvel): what LIBERO's init states and `states` hold."""
+        return self._env.get_sim_state().copy()
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         """``options={"init_state": i}``: the suite's init state ``i`` (OpenVLA: episode i uses state i;
@@ -118,7 +130,7 @@ class LiberoEnv:
                 self._env.reset()
             finally:
                 np.random.set_state(saved)
-            layout = self._env.get_sim_state().copy()
+            layout = self.sim_state()
         else:
             self._env.reset()
             layout = self._start_state(options)
@@ -155,6 +167,14 @@ class LiberoEnv:
         truncated = self._steps >= self.max_steps
         return self._observe(sim_obs, render), float(reward), success, truncated, self._info(sim_obs, success)
 
+    def close(self) -> None:
+        """Free the simulator (~0.5 GB) now rather than at exit. It is shared by every `LiberoEnv` of the
+        same task, image size and quality in this process: those stop working; a new one builds anew."""
+        key = (self.suite, self.task, self.config.image_size, self.config.fast_render)
+        sim = _SIMULATORS.pop(key, None)
+        if sim is not None:
+            sim.env.close()
+
     def render(self) -> np.ndarray:
         size = self.config.image_size
         # each simulator has its own GL context and robosuite renders into whichever is current
@@ -180,6 +200,7 @@ class _Simulator:
     env: object  # LIBERO's OffScreenRenderEnv
     init_states: np.ndarray  # (n, state_dim) float64, the suite's init states of the task
     instruction: str  # the task's language instruction
+    bddl_file: str  # the task's BDDL file inside LIBERO's repository, as LIBERO's datasets name it
 
 
 _SIMULATORS: dict[tuple[str, str, int, bool], _Simulator] = {}  # one per (suite, task, size, quality) per process
@@ -217,7 +238,8 @@ def _make_simulator(suite: str, task: str, image_size: int, fast_render: bool) -
         ctx = env.env.sim._render_context_offscreen
         ctx.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
         ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
-    return _Simulator(env, np.asarray(s.get_task_init_states(i)), spec.language)
+    name = os.path.join("libero", "libero", "bddl_files", spec.problem_folder, spec.bddl_file)
+    return _Simulator(env, np.asarray(s.get_task_init_states(i)), spec.language, name)
 
 
 def close_simulators() -> None:

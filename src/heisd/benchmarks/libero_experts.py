@@ -90,7 +90,7 @@ def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray
     """The grasp yaw closest to 0 whose finger span takes the object and whose hand clears the
     neighbours by `clearance`; if none does, the one with the most clearance."""
     best, best_gap = 0.0, -np.inf
-    for yaw in sorted(np.linspace(-c.max_yaw, c.max_yaw, 33), key=abs):
+    for yaw in sorted(np.arange(-16, 17) * c.max_yaw / 16, key=abs):  # 0 first, then +-5% of max_yaw steps
         span = 2 * (object_half[0] * abs(np.sin(yaw)) + object_half[1] * abs(np.cos(yaw)))
         if span > c.opening and yaw != 0.0:
             continue
@@ -228,3 +228,9 @@ class SceneReader:
                      object_top=float(hi[2]), place=sim.data.site_xpos[self._site].copy(),
                      yaw=float(np.arctan2(-d[0], d[1])), object_half=(hi[:2] - lo[:2]) / 2,
                      obstacles=np.array(others).reshape(-1, 4))
+
+
+def expert_actor(env):
+    """The expert for one episode of a `LiberoEnv` just reset: `info` (with `ee_pos`) -> 7-D action."""
+    reader, expert = SceneReader(env.simulator), PickPlaceExpert()
+    return lambda info: expert.act(reader(info["ee_pos"]))

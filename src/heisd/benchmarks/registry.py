@@ -37,12 +37,14 @@ def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps:
     """One task's environment. LIBERO: agentview at `image_size`; `camera` and `max_steps` are mw's
     (a LIBERO episode's length is the protocol's, per suite). `protocol` is the target's
     (`TargetSpec.protocol`): "openvla" renders at the protocol's 256 px and applies OpenVLA's frame
-    and gripper conventions."""
+    and gripper conventions, with shadows (OpenVLA saw them); "raw" (small targets, their demos and
+    their evaluations alike) renders without shadows and reflections, at CPU cost."""
     if is_libero(benchmark):
         from heisd.benchmarks.libero import PROTOCOL_RENDER_SIZE, LiberoConfig, LiberoEnv
 
         size = PROTOCOL_RENDER_SIZE if protocol == "openvla" else image_size
-        return LiberoEnv(benchmark, task, LiberoConfig(image_size=size, protocol=protocol))
+        return LiberoEnv(benchmark, task, LiberoConfig(image_size=size, fast_render=protocol == "raw",
+                                                       protocol=protocol))
     from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
 
     return MetaWorldEnv(task, MWConfig(image_size, camera, max_steps))

@@ -1,4 +1,5 @@
-"""`heisd demos`: scripted-expert demonstrations in the LIBERO/robomimic HDF5 layout."""
+"""`heisd demos`: scripted-expert demonstrations in the LIBERO/robomimic HDF5 layout (mw: one file;
+LIBERO-Object: one `<task>_demo.hdf5` per task in LIBERO's own layout)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.benchmarks.registry import BENCHMARKS
 
     p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
-                   help="benchmark to record in (LIBERO suites: no scripted experts yet; use LIBERO's datasets)")
+                   help="benchmark to record in; of the LIBERO suites only libero_object has scripted experts "
+                        "(for the others use LIBERO's datasets)")
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
     p.add_argument("--episodes", type=int, default=50, help="episodes attempted per task")
     p.add_argument("--seed", type=int, default=0, help="layout/noise seed (use another one for evaluation)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="std of Gaussian noise on executed xyz actions (DART); labels stay clean")
-    p.add_argument("--image-size", type=int, default=128, help="square camera image size in pixels")
-    p.add_argument("--camera", default="corner3", help="Meta-World camera name")
-    p.add_argument("--max-steps", type=int, default=300, help="episode step limit")
+    p.add_argument("--image-size", type=int, default=128,
+                   help="square camera image size in pixels (LIBERO: agentview, shadows off as small targets see it)")
+    p.add_argument("--camera", default="corner3", help="Meta-World camera name (LIBERO: always agentview)")
+    p.add_argument("--max-steps", type=int, default=300,
+                   help="Meta-World episode step limit (LIBERO: the suite's protocol value, 280 for libero_object)")
     p.add_argument("--policy", default="expert",
                    help="who acts: 'expert' (scripted) or a target checkpoint directory (its own AR rollouts, "
                         "kept whether they succeed or not: a datastore drafts the target's own tokens)")
@@ -28,24 +32,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --policy DIR: record the scripted expert's action at every state the target visits "
                         "(DAgger training data; `heisd dagger` runs whole rounds)")
     p.add_argument("--workers", type=int, default=1, help="parallel simulator processes")
-    p.add_argument("--out", required=True, help="output .hdf5 file (written atomically)")
+    p.add_argument("--measure", action="store_true",
+                   help="measure the expert instead of recording: roll out --episodes per task on the same "
+                        "layouts and noise, without rendering or writing, and print its success rate per task")
+    p.add_argument("--out",
+                   help="mw: output .hdf5 file; LIBERO: output directory for <task>_demo.hdf5 files (written "
+                        "atomically); required unless --measure")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing demonstration file at --out (never a file heisd did not make)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from heisd.benchmarks.mw import resolve_tasks
-    from heisd.data.demos import DemoConfig, generate_demos
+    from heisd.benchmarks.registry import resolve_tasks
+    from heisd.data.demos import DemoConfig, generate_demos, measure_expert
     from heisd.errors import UsageError
 
     if args.benchmark != "mw":
-        raise UsageError(f"demos --benchmark {args.benchmark}: there are no scripted LIBERO experts yet; "
-                         "build datastores from LIBERO's own datasets (build-datastore --demos <task>_demo.hdf5)")
-    tasks = resolve_tasks(args.tasks)
+        from heisd.benchmarks.libero_experts import check_expert_suite
+
+        check_expert_suite(args.benchmark)  # before the suite's tasks are loaded
+    tasks = resolve_tasks(args.benchmark, args.tasks)
     cfg = DemoConfig(tasks, args.episodes, args.seed, args.noise, args.image_size, args.camera, args.max_steps,
-                     args.policy, args.expert_labels)
+                     args.policy, args.expert_labels, args.benchmark)
+    if args.measure:
+        return _print_measure(measure_expert(cfg, workers=args.workers), cfg)
+    if args.out is None:
+        raise UsageError("demos needs --out (the file or directory to record into), or --measure")
     r = generate_demos(cfg, args.out, workers=args.workers, overwrite=args.overwrite)
     dropped = sum(r["dropped"].values())
     print(f"wrote {r['kept']} episodes ({r['steps']} steps) to {args.out} in {r['seconds']:.0f} s "
           f"({r['steps_per_s']:.1f} steps/s); dropped {dropped} failed episodes {r['dropped'] or ''}")
+    return 0
+
+
+def _print_measure(table: dict, cfg) -> int:
+    """The expert table: one line per task, then all tasks (markdown, for BENCHMARKS.md)."""
+    print(f"| task | success | mean steps |  ({cfg.benchmark}, seed {cfg.seed}, noise {cfg.noise})")
+    print("|---|---|---|")
+    for task, r in table.items():
+        print(f"| {task} | {r['successes']}/{r['episodes']} | {r['mean_steps']:.0f} |")
+    n, k = sum(r["episodes"] for r in table.values()), sum(r["successes"] for r in table.values())
+    print(f"| all | {k}/{n} ({100 * k / n:.1f}%) | |")
     return 0

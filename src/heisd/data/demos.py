@@ -1,9 +1,11 @@
-"""Demonstrations for the `mw` benchmark, written in the LIBERO/robomimic layout.
+"""Demonstrations for `mw` (one file, heisd's variant of the LIBERO/robomimic layout) and for
+LIBERO-Object (one file per task in LIBERO's own layout: `heisd.data.libero_demos`).
 
 Scripted experts (the default), with optional DART-style noise: the executed action is the
 expert's plus Gaussian noise on xyz, but the recorded label is the clean expert action. The
 demonstrations then cover the states a slightly-off policy visits, which is what closed-loop
-behaviour cloning needs.
+behaviour cloning needs. Every episode starts from a layout drawn from its own seed (mw's layouts;
+LIBERO's placement samplers), never from the init states LIBERO's evaluation uses.
 
 Or the target's own closed-loop rollouts (`DemoConfig.policy` = a checkpoint directory, AR
 decoding; ours, DESIGN 9): every episode is kept, failed ones too, since a datastore drafts
@@ -20,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -37,15 +39,17 @@ KEEP_FAILED = ("target", "dagger")  # sources whose failed episodes are data too
 
 @dataclass(frozen=True)
 class DemoConfig:
-    tasks: tuple[str, ...]  # mw task names
+    tasks: tuple[str, ...]  # task names of `benchmark`
     episodes: int  # attempted episodes per task (failed ones are dropped)
     seed: int = 0  # layout and noise seed; evaluation must use a different one
     noise: float = 0.0  # std of Gaussian noise added to executed xyz actions (DART); 0 = clean
-    image_size: int = 128
-    camera: str = "corner3"
-    max_steps: int = 300
+    image_size: int = 128  # square camera frame, pixels
+    camera: str = "corner3"  # mw camera (LIBERO: agentview)
+    max_steps: int = 300  # mw episode limit (LIBERO: the suite's protocol value)
     policy: str = "expert"  # "expert" (scripted), or a target checkpoint directory: its own AR rollouts
     expert_labels: bool = False  # DAgger: the target acts, the recorded actions are the expert's
+    benchmark: str = "mw"  # mw or a LIBERO suite with experts (heisd.benchmarks.libero_experts)
+    render: bool = True  # False: no frames (measuring the expert, `measure_expert`); nothing to write
 
     def __post_init__(self) -> None:
         from heisd.errors import UsageError
@@ -56,6 +60,15 @@ class DemoConfig:
                              "make the evaluation layouts")
         if self.expert_labels and self.policy == "expert":
             raise UsageError("expert labels need a target checkpoint as the acting policy (--policy DIR)")
+        if not self.render and self.policy != "expert":
+            raise UsageError("the target reads frames: its rollouts are always rendered")
+        if self.benchmark != "mw":
+            from heisd.benchmarks.libero_experts import check_expert_suite
+
+            check_expert_suite(self.benchmark)
+            if self.policy != "expert":
+                raise UsageError(f"demos --benchmark {self.benchmark} records the scripted expert; the target's "
+                                 "own rollouts (--policy DIR) are recorded on mw only")
 
     @property
     def source(self) -> str:
@@ -72,40 +85,74 @@ def episode_seed(seed: int, task: str, episode: int) -> int:
     return int(np.random.SeedSequence([seed, task_key, episode]).generate_state(1)[0])
 
 
+def dart_action(label: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
+    """The action executed for a recorded `label`: Gaussian noise of std `noise` on xyz only (DART);
+    the label itself is left clean."""
+    executed = label.copy()
+    if noise > 0:
+        executed[:3] += rng.normal(0, noise, 3).astype(executed.dtype)
+    return executed
+
+
+def _expert_labeller(benchmark: str, task: str, env):
+    """The scripted expert of the episode `env` was just reset to: `info` -> its float32 action."""
+    from heisd.benchmarks.registry import is_libero
+
+    if is_libero(benchmark):
+        from heisd.benchmarks.libero_experts import expert_actor
+
+        expert = expert_actor(env)
+        return lambda info: expert(info).astype(np.float32)
+    from heisd.benchmarks.mw import expert_policy
+
+    mw_expert = expert_policy(task)
+    return lambda info: np.clip(mw_expert.get_action(info["sim_obs"]), -1, 1).astype(np.float32)
+
+
 def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     """One episode of `cfg.policy`: the scripted expert, or the target (AR, the whole chunk executed);
-    the recorded actions are the actor's, or the expert's at every visited state (`expert_labels`)."""
-    from heisd.benchmarks.mw import MetaWorldEnv, MWConfig, expert_policy
+    the recorded actions are the actor's, or the expert's at every visited state (`expert_labels`).
+    LIBERO episodes also record the simulator state of every frame (LIBERO's `states`)."""
+    from heisd.benchmarks.registry import is_libero, make_env
 
-    env = MetaWorldEnv(task, MWConfig(cfg.image_size, cfg.camera, cfg.max_steps))
+    libero = is_libero(cfg.benchmark)
+    env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps)
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})
-    expert = expert_policy(task)
-    label = lambda info: np.clip(expert.get_action(info["sim_obs"]), -1, 1).astype(np.float32)  # noqa: E731
+    label = _expert_labeller(cfg.benchmark, task, env)  # called once per step: LIBERO's expert keeps a phase
     if cfg.source == "expert":
         act = lambda obs, info: [label(info)]  # noqa: E731
     else:
         policy = _target_policy(cfg.policy)
         policy.reset(env.instruction, task)
         act = lambda obs, info: policy.act(obs["image"], obs["state"])[0]  # noqa: E731
-    frames = {"actions": [], "images": [], "ee_pos": [], "gripper": [], "goal_pos": []}
+    # state: ee xyz, then mw's gripper opening and goal xyz, or LIBERO's two finger positions
+    frames = {"actions": [], "images": [], "ee_pos": [], "gripper": []}
+    frames.update({"states": []} if libero else {"goal_pos": []})
     success, truncated, todo = False, False, []
     while not (success or truncated):
         if not todo:
             todo = [np.asarray(a, dtype=np.float32) for a in act(obs, info)]
         action = todo.pop(0)
         frames["actions"].append(label(info) if cfg.expert_labels else action)
-        frames["images"].append(obs["image"])
+        if cfg.render:
+            frames["images"].append(obs["image"])
         frames["ee_pos"].append(obs["state"][:3])
-        frames["gripper"].append(obs["state"][3:4])
-        frames["goal_pos"].append(obs["state"][4:7])
-        executed = action.copy()
-        if cfg.noise > 0:
-            executed[:3] += rng.normal(0, cfg.noise, 3).astype(np.float32)
-        obs, _, success, truncated, info = env.step(executed)
-    out = {k: np.stack(v) for k, v in frames.items()}
+        if libero:
+            frames["gripper"].append(obs["state"][3:5])
+            frames["states"].append(env.sim_state())
+        else:
+            frames["gripper"].append(obs["state"][3:4])
+            frames["goal_pos"].append(obs["state"][4:7])
+        obs, _, success, truncated, info = env.step(dart_action(action, cfg.noise, rng), render=cfg.render)
+    out = {k: np.stack(v) for k, v in frames.items() if v}
     out.update(task=task, instruction=env.instruction, success=success, layout=env.layout)
+    if libero:
+        # the instruction evaluation gives (the suite's task language), not the BDDL header's wording
+        out.update(problem_info={**env.problem_info, "language_instruction": env.instruction}, bddl_file=env.bddl_file)
+        if episode == cfg.episodes - 1:
+            env.close()  # the task's last episode: free its simulator (~0.5 GB) before the next task's
     return out
 
 
@@ -127,13 +174,16 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
                    overwrite: bool = False) -> dict:
     """Roll out `cfg.policy` and write the episodes to `out` (atomically): the successful ones of
     an expert, every one of the target's. An existing `out` needs `overwrite`, and is replaced
-    only if heisd wrote it."""
+    only if heisd wrote it. LIBERO: `out` is a directory of per-task files in LIBERO's layout."""
     from tqdm import tqdm
 
-    from heisd.benchmarks.mw import check_task
+    from heisd.benchmarks.registry import is_libero, resolve_tasks
 
-    for t in cfg.tasks:
-        check_task(t)
+    resolve_tasks(cfg.benchmark, cfg.tasks)  # each task checked
+    if is_libero(cfg.benchmark):
+        from heisd.data.libero_demos import generate_libero_demos
+
+        return generate_libero_demos(cfg, out, workers, progress, overwrite)
     out = Path(out)
     check_output(out, DEMOS, overwrite)
     start = time.time()
@@ -166,6 +216,34 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
     bar.close()
     wall = time.time() - start
     return {"kept": kept, "dropped": dropped, "steps": steps, "seconds": wall, "steps_per_s": steps / wall}
+
+
+def measure_expert(cfg: DemoConfig, workers: int = 1, progress: bool = True) -> dict:
+    """The expert's success per task on the layouts `cfg` would record (its seeds and noise), rolled
+    out without rendering and without writing: {task: {"episodes", "successes", "mean_steps"}}."""
+    from tqdm import tqdm
+
+    from heisd.benchmarks.registry import resolve_tasks
+
+    resolve_tasks(cfg.benchmark, cfg.tasks)
+    cfg = replace(cfg, render=False)
+    jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
+    table = {t: {"episodes": 0, "successes": 0, "steps": 0} for t in cfg.tasks}
+    pool = get_context("spawn").Pool(workers) if workers > 1 else None
+    try:
+        results = pool.imap(_episode_job, jobs) if pool else map(_episode_job, jobs)
+        for ep in tqdm(results, total=len(jobs), desc="expert", unit="ep", disable=not progress):
+            row = table[ep["task"]]
+            row["episodes"] += 1
+            row["successes"] += int(ep["success"])
+            row["steps"] += len(ep["actions"])
+        if pool:
+            pool.close()
+    finally:
+        if pool:
+            pool.terminate()
+    return {t: {"episodes": r["episodes"], "successes": r["successes"], "mean_steps": r["steps"] / r["episodes"]}
+            for t, r in table.items()}
 
 
 def _episode_job(args: tuple[str, int, DemoConfig]) -> dict:

@@ -1,0 +1,118 @@
+"""LIBERO demonstrations written in LIBERO's own dataset layout: one `<task>_demo.hdf5` per task
+(as LIBERO's scripts/create_dataset.py), so LIBERO's and OpenVLA's tools read them as well as ours.
+
+    data/                  attrs: problem_info (JSON), bddl_file_name, env_args (JSON),
+                           macros_image_convention "opengl", num_demos, total, heisd_version, source
+      demo_<i>/            attrs: num_samples, layout (the start state)
+        actions            (T, 7) float32, the expert's clean labels (DART noise is not in them)
+        obs/agentview_rgb  (T, H, W, 3) uint8, upside down as rendered (readers rotate it 180 degrees)
+        obs/ee_pos         (T, 3), obs/gripper_states (T, 2)
+        states             (T, S) float64 simulator states, rewards and dones (T,) uint8
+
+Only successful episodes are kept; the writer is all-or-nothing (the files appear together).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from heisd import __version__
+from heisd.benchmarks.libero_protocol import rotate_180
+from heisd.data.demos import DEMOS, VERSION_ATTR, DemoConfig, _episode_job
+from heisd.data.libero_files import DEMO_SUFFIX
+from heisd.storage import atomic_files, check_output
+
+
+def task_file(task: str) -> str:
+    return f"{task}{DEMO_SUFFIX}.hdf5"
+
+
+def generate_libero_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True,
+                          overwrite: bool = False) -> dict:
+    """Roll out the LIBERO expert and write `out/<task>_demo.hdf5` for every task of `cfg`.
+    Existing files there need `overwrite`, and are replaced only if heisd wrote them."""
+    import h5py
+    from tqdm import tqdm
+
+    out = Path(out)
+    names = [task_file(t) for t in cfg.tasks]
+    for name in names:
+        check_output(out / name, DEMOS, overwrite)
+    start = time.time()
+    kept, dropped, steps = {}, {}, {}  # per task: episodes kept and dropped, steps kept
+    bar = tqdm(total=len(cfg.tasks) * cfg.episodes, desc="demos", unit="ep", disable=not progress)
+    jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
+    pool = get_context("spawn").Pool(workers) if workers > 1 else None
+    files: dict[str, h5py.File] = {}
+    try:
+        with atomic_files(out, names) as temps:
+            results = pool.imap(_episode_job, jobs) if pool else map(_episode_job, jobs)
+            for ep in results:  # in job order: one task's episodes after another
+                task = ep["task"]
+                if task not in files:
+                    files[task] = h5py.File(temps[task_file(task)], "w")
+                    _file_attrs(files[task].create_group("data"), ep, cfg)
+                if ep["success"]:
+                    steps[task] = steps.get(task, 0) + _write_episode(files[task]["data"], kept.get(task, 0), ep)
+                    kept[task] = kept.get(task, 0) + 1
+                else:
+                    dropped[task] = dropped.get(task, 0) + 1
+                bar.update(1)
+            for task, f in files.items():
+                f["data"].attrs["num_demos"] = kept.get(task, 0)
+                f["data"].attrs["total"] = steps.get(task, 0)
+                f.close()
+            if pool:
+                pool.close()
+    finally:
+        for f in files.values():
+            if f.id.valid:
+                f.close()
+        if pool:
+            pool.terminate()  # after close(): workers are done; on an error or interrupt: stop them
+    bar.close()
+    wall = time.time() - start
+    total = sum(steps.values())
+    return {"kept": sum(kept.values()), "dropped": dropped, "steps": total, "seconds": wall,
+            "steps_per_s": total / wall, "files": [str(out / n) for n in names]}
+
+
+def _file_attrs(data, ep: dict, cfg: DemoConfig) -> None:
+    info = ep["problem_info"]
+    data.attrs["problem_info"] = json.dumps(info)
+    data.attrs["bddl_file_name"] = ep["bddl_file"]
+    data.attrs["env_args"] = json.dumps({"type": 1, "env_name": info["problem_name"],
+                                         "problem_name": info["problem_name"], "bddl_file": ep["bddl_file"],
+                                         "env_kwargs": {"controller": "OSC_POSE", "camera_names": ["agentview"],
+                                                        "camera_heights": cfg.image_size,
+                                                        "camera_widths": cfg.image_size},
+                                         "heisd_demos": asdict(cfg)})
+    data.attrs["macros_image_convention"] = "opengl"  # frames stored as rendered: upside down
+    data.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    data.attrs["source"] = cfg.source
+    data.attrs[VERSION_ATTR] = __version__
+
+
+def _write_episode(data, index: int, ep: dict) -> int:
+    g = data.create_group(f"demo_{index}")
+    n = len(ep["actions"])
+    g.attrs["num_samples"] = n
+    g.attrs["layout"] = ep["layout"]
+    g.create_dataset("actions", data=ep["actions"])
+    frames = np.stack([rotate_180(f) for f in ep["images"]])
+    h, w = frames.shape[1:3]
+    g.create_dataset("obs/agentview_rgb", data=frames, compression="lzf", chunks=(1, h, w, 3))
+    g.create_dataset("obs/ee_pos", data=ep["ee_pos"])
+    g.create_dataset("obs/gripper_states", data=ep["gripper"])
+    g.create_dataset("states", data=ep["states"])
+    done = np.zeros(n, dtype=np.uint8)
+    done[-1] = 1  # kept episodes succeed on their last step
+    g.create_dataset("rewards", data=done)
+    g.create_dataset("dones", data=done)
+    return n

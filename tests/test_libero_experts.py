@@ -1,0 +1,230 @@
+"""LIBERO-Object scripted experts: the phase machine and grasp yaw on synthetic poses, DART noise,
+fresh demo layouts disjoint from the evaluation's init states, and one recorded episode read back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heisd.benchmarks.libero_experts import (
+    ExpertConfig, Phase, PickPlaceExpert, Scene, check_expert_suite, choose_yaw, hand_clearance,
+)
+from heisd.data.demos import dart_action
+from heisd.errors import UsageError
+
+CFG = ExpertConfig()
+PLACE = np.array([0.0, 0.26, 0.067])  # the basket's contain region, as LIBERO-Object puts it
+
+
+def _scene(eef, centre, height=0.08, yaw=0.0, half=(0.03, 0.03), obstacles=np.zeros((0, 4))) -> Scene:
+    centre = np.asarray(centre, dtype=np.float64)
+    return Scene(eef=np.asarray(eef, dtype=np.float64), object_center=centre, object_bottom=centre[2] - height / 2,
+                 object_top=centre[2] + height / 2, place=PLACE, yaw=yaw, object_half=np.asarray(half),
+                 obstacles=obstacles)
+
+
+class ToyWorld:
+    """Point kinematics: the hand moves 2 cm per unit action and turns 0.3 rad per unit; the object
+    follows the hand once the gripper has been closed near it, and drops when it opens."""
+
+    def __init__(self, obj=(0.05, -0.10, 0.04), height=0.08, half=(0.03, 0.03), obstacles=np.zeros((0, 4))):
+        self.eef, self.yaw = np.array([-0.15, 0.0, 0.25]), 0.0
+        self.obj = np.array(obj)  # default: centre of an 8 cm tall object standing on the floor
+        self.height, self.half, self.obstacles = height, half, obstacles
+        self.held, self.closed_steps = False, 0
+
+    def scene(self) -> Scene:
+        return _scene(self.eef, self.obj, self.height, self.yaw, self.half, self.obstacles)
+
+    def step(self, a: np.ndarray) -> None:
+        self.eef = self.eef + 0.02 * a[:3]
+        self.yaw += 0.3 * a[5]
+        self.closed_steps = self.closed_steps + 1 if a[-1] > 0 else 0
+        if self.closed_steps >= 5 and np.linalg.norm(self.obj[:2] - self.eef[:2]) < 0.01:
+            self.held = True
+        if a[-1] < 0:
+            self.held = False
+        if self.held:
+            self.obj = self.eef.copy()  # the grasp point is the object's centre here
+
+
+def test_expert_picks_and_places_in_a_toy_world():
+    world, expert = ToyWorld(), PickPlaceExpert()
+    phases = []
+    for _ in range(300):
+        a = expert.act(world.scene())
+        assert a.shape == (7,) and np.all(np.abs(a) <= 1) and a[-1] in (-1.0, 1.0)
+        if not phases or phases[-1] != expert.phase:
+            phases.append(expert.phase)
+        world.step(a)
+    assert phases == list(Phase)  # every phase once, in order: no regrasp was needed
+    assert np.linalg.norm(world.obj[:2] - PLACE[:2]) < 0.015 and not world.held  # released over the basket
+    assert world.eef[2] > CFG.carry_z - 0.03  # retreated up
+
+
+def test_expert_phases_on_synthetic_poses():
+    expert = PickPlaceExpert()
+    obj = np.array([0.05, -0.10, 0.04])
+    a = expert.act(_scene([-0.15, 0.0, 0.25], obj))
+    assert expert.phase is Phase.ABOVE and a[-1] == -1.0 and a[5] == 0.0  # no neighbours: yaw stays 0
+    assert a[0] > 0 and a[1] < 0  # toward the object
+    above = np.array([0.05, -0.10, 0.08 + CFG.hover])  # the object's top + hover
+    expert.act(_scene(above, obj))
+    assert expert.phase is Phase.DESCEND
+    a = expert.act(_scene(above, obj))
+    assert a[2] == -1.0  # 6 cm above the grasp point: full speed down
+    grasp = np.array([0.05, -0.10, 0.05])  # top - finger reach: the palm stays above the object
+    expert.act(_scene(grasp, obj))
+    assert expert.phase is Phase.CLOSE
+    for _ in range(CFG.close_steps - 1):
+        assert expert.act(_scene(grasp, obj))[-1] == 1.0 and expert.phase is Phase.CLOSE
+    a = expert.act(_scene(grasp, obj))
+    assert expert.phase is Phase.LIFT and a[2] > 0 and a[-1] == 1.0
+    a = expert.act(_scene([0.05, -0.10, 0.15], [0.3, 0.3, 0.04]))  # the object stayed behind: lost
+    assert expert.phase is Phase.ABOVE and a[-1] == -1.0
+    expert.reset()
+    assert expert.phase is Phase.ABOVE and expert._yaw is None
+
+
+def test_grasp_point_floor_and_finger_reach():
+    expert = PickPlaceExpert()
+    flat = _scene([0, 0, 0.2], [0.0, 0.0, 0.009], height=0.018)  # butter: mid-height would scrape the floor
+    assert expert.grasp_point(flat)[2] == pytest.approx(CFG.floor_clearance)
+    tall = _scene([0, 0, 0.2], [0.0, 0.0, 0.073], height=0.146)  # salad dressing
+    assert expert.grasp_point(tall)[2] == pytest.approx(0.146 - CFG.finger_reach)
+
+
+def test_choose_yaw_turns_the_hand_away_from_a_neighbour():
+    grasp = np.array([0.053, -0.103, 0.012])  # cream cheese, 8.3 x 4.3 cm, flat on the floor
+    half = np.array([0.0415, 0.0215])
+    assert choose_yaw(grasp, half, np.zeros((0, 4)), CFG) == 0.0
+    short = np.array([[0.10, -0.20, 0.04, 0.02]])  # a neighbour lower than the hand's body: ignored
+    assert choose_yaw(grasp, half, short, CFG) == 0.0
+    tomato = np.array([[0.10, -0.20, 0.03, 0.081]])  # a can where the hand's end would be
+    assert hand_clearance(0.0, grasp, tomato, CFG) < 0
+    yaw = choose_yaw(grasp, half, tomato, CFG)
+    assert yaw < 0 and hand_clearance(yaw, grasp, tomato, CFG) >= CFG.clearance  # turned away from the can
+    step = CFG.max_yaw / 16
+    assert hand_clearance(yaw + step, grasp, tomato, CFG) < CFG.clearance  # the smallest turn that clears
+    span = 2 * (half[0] * abs(np.sin(yaw)) + half[1] * abs(np.cos(yaw)))
+    assert span <= CFG.opening  # the turned fingers still take the box
+    wide = np.array([[0.10, -0.20, 0.06, 0.081]])  # no turn the box allows clears it: the most clearance
+    best = choose_yaw(grasp, half, wide, CFG)
+    assert hand_clearance(best, grasp, wide, CFG) > hand_clearance(0.0, grasp, wide, CFG)
+    assert hand_clearance(best, grasp, wide, CFG) < CFG.clearance
+
+
+def test_expert_turns_to_the_chosen_yaw_before_descending():
+    tomato = np.array([[0.10, -0.20, 0.045, 0.081]])
+    world = ToyWorld(obj=(0.053, -0.103, 0.009), height=0.018, half=(0.0415, 0.0215), obstacles=tomato)
+    expert = PickPlaceExpert()
+    while expert.phase is not Phase.DESCEND:
+        world.step(expert.act(world.scene()))
+    assert expert._yaw != 0.0 and abs(world.yaw - expert._yaw) < CFG.yaw_tolerance
+
+
+def test_dart_noise_only_on_executed_xyz():
+    label = np.array([0.5, -1.0, 1.0, 0.0, 0.0, 0.2, 1.0], dtype=np.float32)
+    executed = dart_action(label, 0.3, np.random.default_rng(0))
+    assert np.all(executed[:3] != label[:3]) and np.array_equal(executed[3:], label[3:])
+    assert label.tolist() == pytest.approx([0.5, -1.0, 1.0, 0.0, 0.0, 0.2, 1.0])  # the label is untouched
+    assert np.array_equal(dart_action(label, 0.0, np.random.default_rng(0)), label)
+
+
+def test_only_libero_object_has_experts():
+    check_expert_suite("libero_object")
+    with pytest.raises(UsageError, match="no scripted experts for libero_goal"):
+        check_expert_suite("libero_goal")
+
+
+# --- the simulator ---------------------------------------------------------------------------------
+
+TASK = "pick_up_the_butter_and_place_it_in_the_basket"
+
+
+@pytest.fixture(scope="module")
+def libero_env():
+    pytest.importorskip("libero", reason="the libero extra is not installed (pip install -e '.[libero]')")
+    from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
+
+    return LiberoEnv("libero_object", TASK, LiberoConfig(image_size=32, fast_render=True))
+
+
+def _object_xy(env, state: np.ndarray) -> np.ndarray:
+    """The xy of every object (free joints) in a simulator state."""
+    sim = env.simulator.sim
+    env.simulator.sim.set_state_from_flattened(state)
+    sim.forward()
+    return np.array([sim.data.body_xpos[sim.model.body_name2id(o.root_body)][:2]
+                     for o in env.simulator.objects_dict.values()])
+
+
+def test_demo_layouts_are_disjoint_from_eval_init_states(libero_env):
+    """Demos reset from a seed (LIBERO's placement samplers); evaluation from init states 0..N-1."""
+    from heisd.benchmarks.registry import reset_options
+    from heisd.data.demos import episode_seed
+
+    env = libero_env
+    eval_xy = [_object_xy(env, env._init_states[reset_options("libero_object", 0, i)["init_state"]])
+               for i in range(env.n_init_states)]
+    layouts = []
+    for episode in range(3):
+        env.reset(options={"layout_seed": episode_seed(0, TASK, episode)})
+        layouts.append(env.layout.copy())
+        xy = _object_xy(env, env.layout)
+        gaps = [np.abs(xy - e).max() for e in eval_xy]
+        assert min(gaps) > 1e-3  # some object at least 1 mm away from where any init state puts it
+    assert not np.array_equal(layouts[0], layouts[1])  # another seed, another layout
+    env.reset(options={"layout_seed": episode_seed(0, TASK, 0)})
+    assert np.array_equal(env.layout, layouts[0])  # a seed fixes the layout
+    obs_a, _ = env.reset(options={"layout": layouts[1]})
+    obs_b, _ = env.reset(options={"layout_seed": episode_seed(0, TASK, 1)})
+    assert np.array_equal(obs_a["image"], obs_b["image"])  # a recorded layout restores the scene
+    with pytest.raises(UsageError, match="layout is a simulator state"):
+        env.reset(options={"layout": layouts[0][:5]})
+
+
+def test_recorded_episode_round_trips_through_the_reader(libero_env, tmp_path):
+    """One noisy expert episode written in LIBERO's layout and read back by heisd's reader: task,
+    instruction, upright frames of the recorded layout, clean labels."""
+    from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
+    from heisd.benchmarks.libero_experts import expert_actor
+    from heisd.data.dataset import DemoFile
+    from heisd.data.demos import DemoConfig, generate_demos
+
+    size = libero_env.config.image_size // 2  # its own simulator: the recorder closes it when done
+    cfg = DemoConfig((TASK,), 1, seed=3, noise=0.5, image_size=size, benchmark="libero_object")
+    r = generate_demos(cfg, tmp_path / "demos", progress=False)
+    path = tmp_path / "demos" / f"{TASK}_demo.hdf5"
+    assert r["kept"] == 1 and r["files"] == [str(path)]
+    with DemoFile(path) as f:
+        assert f.benchmark == "libero_object" and len(f) == 1
+        ep = next(iter(f))
+        layout = f._data["demo_0"].attrs["layout"]
+        states = f._data["demo_0"]["states"][()]
+    assert ep.task == TASK and ep.instruction == libero_env.instruction
+    assert ep.images.shape == (len(ep), size, size, 3) and ep.state.shape == (len(ep), 5) and len(ep) < 280
+    assert states.shape == (len(ep), len(layout))
+    env = LiberoEnv("libero_object", TASK, LiberoConfig(image_size=size, fast_render=True))
+    xy = _object_xy(env, layout)
+    assert min(np.abs(xy - _object_xy(env, init)).max() for init in env._init_states) > 1e-3  # a fresh layout
+    obs, info = env.reset(options={"layout": layout})
+    assert np.array_equal(ep.images[0], obs["image"])  # stored upside down, read upright
+    assert np.allclose(ep.ee_pos[0], info["ee_pos"])
+    # labels are the expert's, without the executed noise: the first one is what the expert does in
+    # the recorded start scene, and with noise 0.5 a noisy label would leave [-1, 1] on saturated moves
+    assert np.allclose(ep.actions[0], expert_actor(env)(info), atol=1e-6)
+    assert np.all(np.abs(ep.actions) <= 1.0) and set(ep.actions[:, -1].tolist()) == {-1.0, 1.0}
+
+
+@pytest.mark.slow
+def test_dart_noise_moves_the_hand_off_the_clean_path(libero_env):
+    from heisd.data.demos import DemoConfig, record_episode
+
+    clean = record_episode(TASK, 0, DemoConfig((TASK,), 1, noise=0.0, image_size=32, benchmark="libero_object"))
+    noisy = record_episode(TASK, 0, DemoConfig((TASK,), 1, noise=0.3, image_size=32, benchmark="libero_object"))
+    assert np.array_equal(clean["layout"], noisy["layout"])  # the same start
+    assert np.allclose(clean["actions"][0], noisy["actions"][0])  # the same first label
+    n = min(len(clean["ee_pos"]), len(noisy["ee_pos"]))
+    assert np.abs(clean["ee_pos"][1:n] - noisy["ee_pos"][1:n]).max() > 0.01  # executed actions differed
+    assert clean["success"] and noisy["success"]
