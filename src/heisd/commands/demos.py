@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-HELP = ("Record demonstrations as HDF5: scripted experts (successful episodes only), or the target's own "
-        "closed-loop rollouts (--policy DIR, every episode) for a self-datastore.")
+HELP = ("Record demonstrations as HDF5: scripted experts (mw; libero_object in LIBERO's own layout; successful "
+        "episodes only), or the target's own closed-loop rollouts (--policy DIR, mw, every episode) for a "
+        "self-datastore.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,14 +18,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(for the others use LIBERO's datasets)")
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
     p.add_argument("--episodes", type=int, default=50, help="episodes attempted per task")
-    p.add_argument("--seed", type=int, default=0, help="layout/noise seed (use another one for evaluation)")
+    p.add_argument("--seed", type=int, default=0, help="layout/noise seed (mw: use another one for evaluation; LIBERO: layouts drawn by LIBERO's "
+                        "placement samplers, never the init states evaluation starts from)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="std of Gaussian noise on executed xyz actions (DART); labels stay clean")
     p.add_argument("--image-size", type=int, default=128,
                    help="square camera image size in pixels (LIBERO: agentview, shadows off as small targets see it)")
     p.add_argument("--camera", default="corner3", help="Meta-World camera name (LIBERO: always agentview)")
     p.add_argument("--max-steps", type=int, default=300,
-                   help="Meta-World episode step limit (LIBERO: the suite's protocol value, 280 for libero_object)")
+                   help="Meta-World episode step limit (LIBERO: the suite's protocol value)")
     p.add_argument("--policy", default="expert",
                    help="who acts: 'expert' (scripted) or a target checkpoint directory (its own AR rollouts, "
                         "kept whether they succeed or not: a datastore drafts the target's own tokens)")
