@@ -1,14 +1,15 @@
 """Scripted experts for LIBERO-Object: pick the task's object, place it in the basket.
 
-The expert reads the scene from the simulator (`read_scene`: end effector, the goal's object and
-the region it must end in, from the task's BDDL goal `(In <object> <region>)`) and drives
-LIBERO's OSC_POSE controller with 7-D delta actions: xyz proportional to the end-effector
-position error (clipped to the controller's [-1, 1]; 1 = 5 cm), a yaw about world z toward the
-grasp yaw (`choose_yaw`: the start orientation, fingers across the items' narrow side, unless the
-hand, 21 cm long along the finger axis, would hit a neighbouring object; measured: at yaw 0 the
-cream cheese task fails half its layouts on the tomato sauce beside it), gripper -1 open / +1 close. A phase machine (`Phase`) moves above the object, descends, closes, lifts, carries above
-the region, lowers, opens and retreats; a grasp that lost the object goes back to the approach,
-so noisy (DART) rollouts show recoveries.
+The expert reads the scene from the simulator (`SceneReader`: end effector, the goal's object and
+the region it must end in, from the task's BDDL goal `(In <object> <region>)`, and the other
+objects) and drives LIBERO's OSC_POSE controller with 7-D delta actions: xyz proportional to the
+end-effector position error (clipped to the controller's [-1, 1]; 1 = 5 cm), a yaw about world z
+toward the grasp yaw (`choose_yaw`: the start orientation, fingers across the items' narrow side,
+unless the hand, 21 cm long along the finger axis, would hit a neighbouring object, as it hits the
+tomato sauce beside the cream cheese in some layouts), gripper -1 open / +1 close. A phase machine
+(`Phase`) moves above the object, descends, closes, lifts, carries above the region, lowers, opens
+and retreats; a grasp that lost the object goes back to the approach, so noisy (DART) rollouts
+show recoveries.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray
     """The grasp yaw closest to 0 whose finger span takes the object and whose hand clears the
     neighbours by `clearance`; if none does, the one with the most clearance."""
     best, best_gap = 0.0, -np.inf
-    for yaw in sorted(np.arange(-16, 17) * c.max_yaw / 16, key=abs):  # 0 first, then +-5% of max_yaw steps
+    for yaw in sorted(np.arange(-16, 17) * c.max_yaw / 16, key=abs):  # 0 first, then ever larger turns
         span = 2 * (object_half[0] * abs(np.sin(yaw)) + object_half[1] * abs(np.cos(yaw)))
         if span > c.opening and yaw != 0.0:
             continue
@@ -104,7 +105,7 @@ def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray
 
 @dataclass
 class PickPlaceExpert:
-    """One episode's expert: call `act(scene)` each step; `reset()` between episodes."""
+    """One episode's expert (it keeps the episode's phase): call `act(scene)` each step."""
 
     config: ExpertConfig = ExpertConfig()
     phase: Phase = Phase.ABOVE
@@ -112,9 +113,6 @@ class PickPlaceExpert:
     _grasp: np.ndarray | None = field(default=None, repr=False)  # grasp point fixed when DESCEND starts
     _offset: float = 0.0  # object centre height minus end-effector height at the grasp
     _yaw: float | None = None  # grasp yaw, chosen on the approach
-
-    def reset(self) -> None:
-        self.phase, self._count, self._grasp, self._offset, self._yaw = Phase.ABOVE, 0, None, 0.0, None
 
     def grasp_point(self, s: Scene) -> np.ndarray:
         c = self.config

@@ -87,6 +87,7 @@ def _file_attrs(data, ep: dict, cfg: DemoConfig) -> None:
     info = ep["problem_info"]
     data.attrs["problem_info"] = json.dumps(info)
     data.attrs["bddl_file_name"] = ep["bddl_file"]
+    # "type" 1: robomimic's robosuite env type, as LIBERO writes it
     data.attrs["env_args"] = json.dumps({"type": 1, "env_name": info["problem_name"],
                                          "problem_name": info["problem_name"], "bddl_file": ep["bddl_file"],
                                          "env_kwargs": {"controller": "OSC_POSE", "camera_names": ["agentview"],
