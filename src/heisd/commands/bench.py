@@ -8,9 +8,10 @@ HELP = "Benchmark AR, SpecVLA, retrieval SD, HeiSD and its ablation ladder on id
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.commands.common import add_method_arguments
+    from heisd.commands.common import add_camera_argument, add_method_arguments
 
     add_method_arguments(p, method=False)
+    add_camera_argument(p)
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
     p.add_argument("--episodes", type=int, default=20, help="episodes per task and method")
     p.add_argument("--seed", type=int, default=0, help="evaluation layout seed (same for every method)")
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.benchmarks.registry import resolve_tasks
-    from heisd.commands.common import check_closed_loop, load_target, method_config
+    from heisd.commands.common import camera_of, check_closed_loop, load_target, method_config
     from heisd.runtime.bench import QUICK_TASKS, full_heisd, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig
 
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         configs = [c for c in configs if c.method == "ar" or c.label in args.only]
     target = load_target(args)
     check_closed_loop(args, target)
-    cfg = EvalConfig(tasks, episodes, args.seed, max_steps, benchmark=args.benchmark, protocol=target.spec.protocol)
+    cfg = EvalConfig(tasks, episodes, args.seed, max_steps, camera=camera_of(args), benchmark=args.benchmark,
+                     protocol=target.spec.protocol)
     out = Path(args.out)
     summaries = run_bench(target, configs, cfg, out, persist=full_heisd(base) if args.persist_thresholds else None,
                           target_path=args.target)

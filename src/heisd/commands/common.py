@@ -142,6 +142,29 @@ def load_target(args: argparse.Namespace):
     return load(args.target, device, dtype, unnorm_key=args.unnorm_key)
 
 
+def add_camera_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--camera", default=None,
+                   help="mw camera; default: the one the target's demonstrations were recorded with (the "
+                        "`camera` of its train_info.json), else corner3")
+
+
+def camera_of(args: argparse.Namespace) -> str:
+    """The mw camera a closed-loop run shows the target: a target sees the camera it was trained on."""
+    import json
+    from pathlib import Path
+
+    from heisd.errors import UsageError
+    from heisd.runtime.evaluation import EvalConfig
+    from heisd.runtime.methods import default_of
+
+    info = Path(args.target) / "train_info.json" if args.target else None
+    trained = json.loads(info.read_text()).get("camera") if info is not None and info.is_file() else None
+    if args.camera is not None and trained is not None and args.camera != trained:
+        raise UsageError(f"--camera {args.camera}: the target was trained on frames of camera {trained!r} "
+                         f"({info})")
+    return args.camera or trained or default_of(EvalConfig, "camera")
+
+
 def check_closed_loop(args: argparse.Namespace, target) -> None:
     """A closed-loop run (eval, bench) needs a target whose actions the benchmark's robot takes; a
     target with OpenVLA's conventions runs on LIBERO with OpenVLA's protocol (`TargetSpec.protocol`)."""

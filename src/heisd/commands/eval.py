@@ -9,7 +9,7 @@ HELP = "Closed-loop evaluation of a decoding method (writes summary.json and epi
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.commands.common import add_method_arguments
+    from heisd.commands.common import add_camera_argument, add_method_arguments
 
     add_method_arguments(p)
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
@@ -18,6 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "starts from the suite's init state i")
     p.add_argument("--max-steps", type=int, default=300, help="mw: environment steps per episode (a LIBERO suite uses the protocol's "
                         "220/280/300/520 after 10 wait steps)")
+    add_camera_argument(p)
     p.add_argument("--execute", type=int, default=0, help="actions executed per inference (0 = whole chunk)")
     p.add_argument("--out", required=True,
                    help="output directory (an interrupted run resumes from it; other settings are refused)")
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.benchmarks.registry import resolve_tasks
-    from heisd.commands.common import check_closed_loop, load_policy, method_config
+    from heisd.commands.common import camera_of, check_closed_loop, load_policy, method_config
     from heisd.errors import InputError, UsageError
     from heisd.runtime.evaluation import EvalConfig, evaluate
     from heisd.runtime.runinfo import run_identity, server_identity
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.execute > chunk:
         raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
     summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute,
-                                                        benchmark=args.benchmark, protocol=protocol),
+                                                        camera=camera_of(args), benchmark=args.benchmark,
+                                                        protocol=protocol),
                        Path(args.out), identity=identity, persist_thresholds=args.persist_thresholds)
     print(json.dumps(summary, indent=2))
     return 0

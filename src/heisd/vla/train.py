@@ -119,6 +119,23 @@ def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructi
     return VLA(config, norm, text)
 
 
+def demo_camera(paths: Sequence[Path]) -> str | None:
+    """The camera the demonstrations were recorded with (heisd's mw files say; None if none says):
+    closed-loop runs must show the target the same one."""
+    from heisd.data.dataset import DemoFile
+
+    cameras = set()
+    for path in paths:
+        with DemoFile(path) as f:
+            args = f.attrs.get("env_args")
+            if isinstance(args, dict) and args.get("camera"):
+                cameras.add(args["camera"])
+    if len(cameras) > 1:
+        raise InputError(f"the demonstrations were recorded with different cameras ({sorted(cameras)}): "
+                         "train on one camera's frames")
+    return cameras.pop() if cameras else None
+
+
 def _initial_model(directory: Path, chunk: int) -> VLA:
     """A checkpoint to fine-tune: its tokenizers and action bins carry over, so its chunk must match."""
     if not (Path(directory) / CONFIG_FILE).is_file():
@@ -212,6 +229,7 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
     _truncate_log(out / LOG_FILE, step)
 
     info = {"command": " ".join(sys.argv), "seed": cfg.seed, "demos": [str(p) for p in paths], **data,
+            "camera": demo_camera(paths),
             "init_from": str(init_from) if init_from is not None else None,
             "dropped_failed_episodes": setup.dropped, "dropped_invalid_episodes": setup.invalid, "threads": torch.get_num_threads(),
             "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
