@@ -79,7 +79,10 @@ class VLAPolicy:
         path = np.asarray(ee_path if ee_path is not None else state[:3], dtype=np.float64).reshape(-1, 3)
         mode, metric, expected = self._mode(path)
         switch = self.decoders.switch
-        images = torch.from_numpy(np.ascontiguousarray(image))[None]
+        image = np.ascontiguousarray(image)
+        if not image.flags.writeable:  # e.g. a frame decoded from a request: torch wants its own buffer
+            image = image.copy()
+        images = torch.from_numpy(image)[None]
         spec = self.target.spec
         prefix, key = self.target.encode_observation(images, self._prompt, spec.state_input(state[None]))
         # proposers may read the previous action (Jacobi's warm start, the skips' gripper guard)
