@@ -14,7 +14,7 @@ from heisd.runtime.evaluation import EVAL_SEED_OFFSET
 from heisd.vla import VLA
 from heisd.vla.dagger import LOG_FILE, DaggerConfig, run_dagger
 from heisd.vla.frames import read_episodes
-from heisd.vla.train import TrainConfig, train
+from heisd.vla.train import TrainConfig, train, trained_camera
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,7 @@ def test_rounds_resume_and_refuse_other_settings(tiny_dir, tmp_path):
     assert [r["round"] for r in log] == [1, 2] and log[1]["actor"] == str(tmp_path / "run" / "round_1" / "vla")
     assert log[0]["actor_success"] == {"reach-v3": 0.0} and log[1]["rollout_seed"] == 21
     assert len(log[1]["data_files"]) == 3  # demos + both rounds' rollouts
+    assert trained_camera(final) == "corner3"  # the demos' and rollouts' camera, recorded for eval
     stamp = (final / "model.safetensors").stat().st_mtime_ns
     run_dagger(cfg, tmp_path / "run", progress=False)  # same settings: everything is done, nothing reruns
     assert (final / "model.safetensors").stat().st_mtime_ns == stamp
@@ -116,3 +117,19 @@ def test_rounds_resume_and_refuse_other_settings(tiny_dir, tmp_path):
     clash = DaggerConfig(**{**cfg.__dict__, "seed": 4})  # rounds 4, 5: the demos used 5
     with pytest.raises(ConfigError, match=r"\[5\]"):
         run_dagger(clash, tmp_path / "run2", progress=False)
+
+
+def test_rollouts_show_the_actor_its_own_camera(tiny_dir, tmp_path):
+    import shutil
+
+    actor = tmp_path / "actor"
+    shutil.copytree(tiny_dir, actor)
+    (actor / "train_info.json").write_text(json.dumps({"camera": "corner"}))
+    demos = tmp_path / "demos.hdf5"
+    generate_demos(DemoConfig(("reach-v3",), episodes=1, seed=5, image_size=32, camera="corner"), demos, progress=False)
+    cfg = DaggerConfig(init=str(actor), demos=(str(demos),), tasks=("reach-v3",), rounds=1, episodes=1, seed=20,
+                       steps=1, batch_size=4, threads=1, max_steps=3)
+    final = run_dagger(cfg, tmp_path / "run", progress=False)
+    with DemoFile(tmp_path / "run" / "round_1" / "rollouts.hdf5") as f:
+        assert f.attrs["env_args"]["camera"] == "corner"
+    assert trained_camera(final) == "corner"

@@ -150,18 +150,15 @@ def add_camera_argument(p: argparse.ArgumentParser) -> None:
 
 def camera_of(args: argparse.Namespace) -> str:
     """The mw camera a closed-loop run shows the target: a target sees the camera it was trained on."""
-    import json
-    from pathlib import Path
-
     from heisd.errors import UsageError
     from heisd.runtime.evaluation import EvalConfig
     from heisd.runtime.methods import default_of
+    from heisd.vla.train import trained_camera
 
-    info = Path(args.target) / "train_info.json" if args.target else None
-    trained = json.loads(info.read_text()).get("camera") if info is not None and info.is_file() else None
+    trained = trained_camera(args.target) if args.target else None
     if args.camera is not None and trained is not None and args.camera != trained:
         raise UsageError(f"--camera {args.camera}: the target was trained on frames of camera {trained!r} "
-                         f"({info})")
+                         f"({args.target}/train_info.json)")
     return args.camera or trained or default_of(EvalConfig, "camera")
 
 

@@ -42,7 +42,7 @@ class DaggerConfig:
     rounds: int = 3  # rollout + fine-tune rounds
     episodes: int = 8  # rollout episodes per task per round
     seed: int = 20  # round r rolls out on layouts of seed `seed + r - 1` (never an evaluation seed)
-    steps: int = 1500  # fine-tuning steps per round (cosine schedule of its own)
+    steps: int = 1000  # fine-tuning steps per round (cosine schedule of its own)
     batch_size: int = 64
     lr: float = 3e-4  # peak fine-tuning learning rate (a tenth of the schedule warms up)
     threads: int = 2  # torch threads for fine-tuning
@@ -112,14 +112,16 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
     import torch
 
     from heisd.data.demos import DemoConfig, generate_demos
-    from heisd.vla.train import INFO_FILE, TRAIN_STATE_FILE, TrainConfig, train
+    from heisd.runtime.methods import default_of
+    from heisd.vla.train import INFO_FILE, TRAIN_STATE_FILE, TrainConfig, train, trained_camera
 
     folder = out / f"round_{r}"
     folder.mkdir(parents=True, exist_ok=True)
     rollouts = folder / "rollouts.hdf5"
     t0 = time.perf_counter()
     if not rollouts.is_file():
-        demo_cfg = DemoConfig(cfg.tasks, cfg.episodes, cfg.round_seed(r), max_steps=cfg.max_steps,
+        camera = trained_camera(actor) or default_of(DemoConfig, "camera")  # the camera the actor knows
+        demo_cfg = DemoConfig(cfg.tasks, cfg.episodes, cfg.round_seed(r), camera=camera, max_steps=cfg.max_steps,
                               policy=str(actor), expert_labels=True)
         generate_demos(demo_cfg, rollouts, workers=cfg.workers, progress=progress)
     rollout_s = time.perf_counter() - t0

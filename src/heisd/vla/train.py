@@ -136,6 +136,17 @@ def demo_camera(paths: Sequence[Path]) -> str | None:
     return cameras.pop() if cameras else None
 
 
+def trained_camera(checkpoint: str | Path) -> str | None:
+    """The camera a checkpoint's demonstrations were recorded with (its train_info.json), if known."""
+    info = Path(checkpoint) / INFO_FILE
+    if not info.is_file():
+        return None
+    try:
+        return json.loads(info.read_text()).get("camera")
+    except json.JSONDecodeError as e:
+        raise InputError(f"{info}: unreadable training record ({e})") from e
+
+
 def _initial_model(directory: Path, chunk: int) -> VLA:
     """A checkpoint to fine-tune: its tokenizers and action bins carry over, so its chunk must match."""
     if not (Path(directory) / CONFIG_FILE).is_file():
