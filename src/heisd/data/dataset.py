@@ -250,3 +250,14 @@ def compute_action_stats(paths: Sequence[str | Path], skip_invalid: bool = False
         min=a.min(0).astype(np.float32),
         max=a.max(0).astype(np.float32),
     )
+
+
+def recorded_settings(paths: Sequence[str | Path]) -> list[dict]:
+    """Per file, the settings heisd recorded it with (`data` attrs `env_args`: seed, camera, ...);
+    {} for files that hold none (LIBERO's and OpenVLA's)."""
+    out = []
+    for path in paths:
+        with DemoFile(path) as f:
+            args = f.attrs.get("env_args")
+        out.append(args if isinstance(args, dict) else {})
+    return out

@@ -69,25 +69,19 @@ class DaggerConfig:
 
 def demo_seeds(paths: tuple[str, ...]) -> set[int]:
     """Layout seeds the demonstration files were recorded with (their `env_args`)."""
-    from heisd.data.dataset import DemoFile
+    from heisd.data.dataset import recorded_settings
 
-    seeds = set()
-    for path in paths:
-        with DemoFile(path) as f:
-            args = f.attrs.get("env_args") or {}  # LIBERO's files hold other keys; heisd's are parsed
-            if isinstance(args, dict) and "seed" in args:
-                seeds.add(int(args["seed"]))
-    return seeds
+    return {int(s["seed"]) for s in recorded_settings(paths) if "seed" in s}
 
 
 def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: bool = True) -> Path:
     """Run (or resume) every round; return the last round's checkpoint directory."""
     out = Path(out)
     saved = out / CONFIG_FILE
-    before = json.loads(saved.read_text()) if saved.is_file() else None
-    resuming = before == _jsonable(cfg)
+    before, now = (json.loads(saved.read_text()) if saved.is_file() else None), _jsonable(cfg)
+    resuming = before == now
     if before is not None and not resuming and not overwrite:
-        changed = sorted(k for k in _jsonable(cfg) if before.get(k) != _jsonable(cfg)[k])
+        changed = sorted(k for k in now if before.get(k) != now[k])
         raise OutputError(f"{out} holds a DAgger run with other settings ({', '.join(changed)}): rerun with its "
                           "settings to resume it, or pass --overwrite to start over")
     if not resuming:
@@ -100,7 +94,7 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
             for folder in out.glob("round_*"):
                 _remove_round(folder)
             (out / LOG_FILE).unlink(missing_ok=True)
-            write_json(saved, _jsonable(cfg))
+            write_json(saved, now)
         actor = Path(cfg.init)
         for r in range(1, cfg.rounds + 1):
             actor = _round(cfg, out, r, actor, progress)
@@ -113,7 +107,7 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
 
     from heisd.data.demos import DemoConfig, generate_demos
     from heisd.runtime.methods import default_of
-    from heisd.vla.train import INFO_FILE, TRAIN_STATE_FILE, TrainConfig, train, trained_camera
+    from heisd.vla.train import TRAIN_STATE_FILE, TrainConfig, read_train_info, train, trained_camera
 
     folder = out / f"round_{r}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -131,7 +125,7 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
                             eval_every=max(1, cfg.steps // 6), save_every=max(1, cfg.steps // 6))
     data = [Path(p) for p in cfg.demos] + [out / f"round_{i}" / "rollouts.hdf5" for i in range(1, r + 1)]
     t1 = time.perf_counter()
-    if not _finished(ckpt / INFO_FILE, cfg.steps):
+    if read_train_info(ckpt).get("step") != cfg.steps:  # not trained to the end yet
         torch.set_num_threads(cfg.threads)
         resume = (ckpt / TRAIN_STATE_FILE).is_file()
         train(data, ckpt, train_cfg, chunk=_chunk(actor), resume=resume, benchmark="mw", init_from=actor,
@@ -140,7 +134,7 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
         _log(out, {"round": r, "actor": str(actor), "checkpoint": str(ckpt), "rollout_seed": cfg.round_seed(r),
                    "actor_success": rollout_success(rollouts), "data_files": [str(p) for p in data],
                    "rollout_s": round(rollout_s, 1), "train_s": round(time.perf_counter() - t1, 1),
-                   "train_metrics": json.loads((ckpt / INFO_FILE).read_text()).get("last_metrics", {})})
+                   "train_metrics": read_train_info(ckpt).get("last_metrics", {})})
     return ckpt
 
 
@@ -160,15 +154,6 @@ def rollout_success(path: Path) -> dict[str, float]:
         for ep in f:
             wins.setdefault(ep.task, []).append(ep.success)
     return {t: sum(v) / len(v) for t, v in sorted(wins.items())}
-
-
-def _finished(info: Path, steps: int) -> bool:
-    if not info.is_file():
-        return False
-    try:
-        return json.loads(info.read_text()).get("step") == steps
-    except json.JSONDecodeError as e:
-        raise InputError(f"{info}: unreadable training record ({e}); remove the round's vla/ to retrain it") from e
 
 
 def _chunk(checkpoint: Path) -> int:

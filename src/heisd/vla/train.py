@@ -122,29 +122,29 @@ def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructi
 def demo_camera(paths: Sequence[Path]) -> str | None:
     """The camera the demonstrations were recorded with (heisd's mw files say; None if none says):
     closed-loop runs must show the target the same one."""
-    from heisd.data.dataset import DemoFile
+    from heisd.data.dataset import recorded_settings
 
-    cameras = set()
-    for path in paths:
-        with DemoFile(path) as f:
-            args = f.attrs.get("env_args")
-            if isinstance(args, dict) and args.get("camera"):
-                cameras.add(args["camera"])
+    cameras = {s["camera"] for s in recorded_settings(paths) if s.get("camera")}
     if len(cameras) > 1:
         raise InputError(f"the demonstrations were recorded with different cameras ({sorted(cameras)}): "
                          "train on one camera's frames")
     return cameras.pop() if cameras else None
 
 
-def trained_camera(checkpoint: str | Path) -> str | None:
-    """The camera a checkpoint's demonstrations were recorded with (its train_info.json), if known."""
+def read_train_info(checkpoint: str | Path) -> dict:
+    """A checkpoint's train_info.json ({} when it has none, e.g. a converted checkpoint)."""
     info = Path(checkpoint) / INFO_FILE
     if not info.is_file():
-        return None
+        return {}
     try:
-        return json.loads(info.read_text()).get("camera")
+        return json.loads(info.read_text())
     except json.JSONDecodeError as e:
         raise InputError(f"{info}: unreadable training record ({e})") from e
+
+
+def trained_camera(checkpoint: str | Path) -> str | None:
+    """The camera a checkpoint's demonstrations were recorded with (its train_info.json), if known."""
+    return read_train_info(checkpoint).get("camera")
 
 
 def _initial_model(directory: Path, chunk: int) -> VLA:
