@@ -114,6 +114,9 @@ def test_rounds_resume_and_refuse_other_settings(tiny_dir, tmp_path):
     other = DaggerConfig(**{**cfg.__dict__, "steps": 3})
     with pytest.raises(OutputError, match="steps"):
         run_dagger(other, tmp_path / "run", progress=False)
+    with pytest.raises(InputError, match="not a VLA checkpoint"):
+        run_dagger(DaggerConfig(**{**cfg.__dict__, "init": str(tmp_path)}), tmp_path / "run3", progress=False)
+    assert not (tmp_path / "run3").exists()  # refused before anything was written
     clash = DaggerConfig(**{**cfg.__dict__, "seed": 4})  # rounds 4, 5: the demos used 5
     with pytest.raises(ConfigError, match=r"\[5\]"):
         run_dagger(clash, tmp_path / "run2", progress=False)

@@ -86,6 +86,7 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
                           "settings to resume it, or pass --overwrite to start over")
     if not resuming:
         check_output(out, DAGGER_RUN, overwrite)
+    _chunk(Path(cfg.init))  # a wrong --init is refused before anything is written
     clash = demo_seeds(cfg.demos) & {cfg.round_seed(r) for r in range(1, cfg.rounds + 1)}
     if clash:
         raise ConfigError(f"DAgger seeds {sorted(clash)} were used by the demonstrations: pick another --seed")
