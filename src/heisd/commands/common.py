@@ -26,16 +26,26 @@ def add_target_arguments(p: argparse.ArgumentParser, default: str | None = None,
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the target's weights and activations")
 
 
-def target_device(args: argparse.Namespace):
-    """(torch device, torch dtype) of --device and --dtype; a clear error for a missing GPU."""
+def torch_device(name: str):
+    """The torch device of a --device flag; a clear error for a malformed name or a missing GPU."""
     import torch
 
     from heisd.errors import UsageError
 
-    device = torch.device(args.device)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise UsageError(f"--device {name}: not a torch device ({e})") from e
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {args.device}: no CUDA device is visible to torch")
-    return device, getattr(torch, args.dtype)
+        raise UsageError(f"--device {name}: no CUDA device is visible to torch")
+    return device
+
+
+def target_device(args: argparse.Namespace):
+    """(torch device, torch dtype) of --device and --dtype."""
+    import torch
+
+    return torch_device(args.device), getattr(torch, args.dtype)
 
 
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:

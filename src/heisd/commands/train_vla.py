@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=200, help="linear warmup before cosine decay")
     parser.add_argument("--seed", type=int, default=0, help="split, init, sampling, augmentation")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads; use 1 if other jobs share the cores (2 contended threads ran ~6x slower)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device to train on, e.g. cpu or cuda (frames are held there too; the "
+                             "checkpoint is the same files either way)")
     parser.add_argument("--val-fraction", type=float, default=0.05, help="episodes held out")
     parser.add_argument("--eval-every", type=int, default=500, help="steps between validation log lines")
     parser.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
@@ -44,12 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from heisd.commands.common import torch_device
     from heisd.errors import UsageError
     from heisd.vla.train import TrainConfig, train
 
     if args.resume and args.overwrite:
         raise UsageError("--resume continues the run in --out, --overwrite replaces it: pass one of them")
     torch.set_num_threads(args.threads)
+    device = torch_device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 weights, TF32 math
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                       seed=args.seed, val_fraction=args.val_fraction, eval_every=args.eval_every,
                       save_every=args.save_every)
@@ -59,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
                     overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
-                    init_from=args.init_from)
+                    init_from=args.init_from, device=str(device))
     print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
     return 0
 

@@ -40,7 +40,7 @@ class CheckpointError(HeisdError, ValueError):
 
 
 def _state(model: "VLA") -> dict[str, torch.Tensor]:
-    return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # same file from any device
 
 
 def _layout(config: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,12 @@ class Frames:
     def __len__(self) -> int:
         return len(self.images)
 
+    def to(self, device: torch.device | str) -> "Frames":
+        """All frames on `device` (a GPU holds them easily), so a batch is gathered there."""
+        return Frames(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
     def batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        idx = idx.to(self.episode.device)
         ep = self.episode[idx]
         return {"images": self.images[idx], "state": self.states[idx], "action_ids": self.action_ids[idx],
                 "prompt_ids": self.prompt_ids[ep], "prompt_mask": self.prompt_mask[ep]}

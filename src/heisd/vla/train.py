@@ -178,7 +178,7 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
     if resume:
         if not (out / TRAIN_STATE_FILE).is_file():
             raise UsageError(f"--resume: no {TRAIN_STATE_FILE} in {out} (nothing to continue)")
-        state = torch.load(out / TRAIN_STATE_FILE, weights_only=True)
+        state = torch.load(out / TRAIN_STATE_FILE, weights_only=True, map_location="cpu")
         cfg = TrainConfig(**{**state["train_config"], "steps": cfg.steps, "eval_every": cfg.eval_every,
                              "save_every": cfg.save_every})  # the trajectory-defining settings stay as saved
         model = VLA.from_pretrained(out)
@@ -199,7 +199,8 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
 
 def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
           resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = (),
-          overwrite: bool = False, skip_invalid: bool = False, init_from: Path | None = None) -> dict:
+          overwrite: bool = False, skip_invalid: bool = False, init_from: Path | None = None,
+          device: str = "cpu") -> dict:
     """Train (or resume) and return the last logged metrics.
 
     `instructions`: extra instructions (the benchmark's task registry) for the text tokenizer,
@@ -208,6 +209,8 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     when this run starts); `out` holds the lock meanwhile. `skip_invalid`: leave out episodes
     with unusable data instead of refusing them. `init_from`: start from that checkpoint (weights,
     tokenizers, normalization: fine-tuning, e.g. a DAgger round) instead of a new model.
+    `device`: where the model and all frames live while training (the saved files are the same);
+    a run resumed on another device continues the same schedule, not the same random stream.
     """
     out = Path(out)
     replace = not resume and check_output(out, TRAINING_RUN, overwrite, resume_flag="--resume")
@@ -215,17 +218,18 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
         if replace:
             clear_output(out, TRAINING_RUN)
         return _train(paths, out, cfg, chunk, model_overrides, resume, benchmark, instructions, skip_invalid,
-                      init_from)
+                      init_from, torch.device(device))
 
 
 def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_overrides: dict | None,
            resume: bool, benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
-           init_from: Path | None) -> dict:
+           init_from: Path | None, device: torch.device) -> dict:
     wall0 = time.perf_counter()
     setup, cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions, skip_invalid,
                         init_from)
-    model, train_frames, val_frames, data, state = (setup.model, setup.train_frames, setup.val_frames,
-                                                    setup.data, setup.state)
+    model, data, state = setup.model.to(device), setup.data, setup.state
+    train_frames = setup.train_frames.to(device)
+    val_frames = setup.val_frames.to(device) if setup.val_frames is not None else None
     model.train()
     opt = _optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
@@ -243,6 +247,7 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
             "camera": demo_camera(paths),
             "init_from": str(init_from) if init_from is not None else None,
             "dropped_failed_episodes": setup.dropped, "dropped_invalid_episodes": setup.invalid, "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
             "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
             "model_config": model.config.to_dict()}
     metrics: dict = {}
