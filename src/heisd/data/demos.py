@@ -53,8 +53,6 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         from heisd.errors import UsageError
-        from heisd.runtime.evaluation import EVAL_SEED_OFFSET
-
         if not 0 <= self.seed < EVAL_SEED_OFFSET:
             raise UsageError(f"--seed must be in [0, {EVAL_SEED_OFFSET}): seeds from {EVAL_SEED_OFFSET} on "
                              "make the evaluation layouts")
@@ -77,6 +75,9 @@ class DemoConfig:
         if self.policy == "expert":
             return "expert"
         return "dagger" if self.expert_labels else "target"
+
+
+EVAL_SEED_OFFSET = 10_000  # evaluation layouts come from seeds no demonstration command uses by default
 
 
 def episode_seed(seed: int, task: str, episode: int) -> int:

@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from heisd.errors import ConfigError, InputError
+from heisd.data.demos import EVAL_SEED_OFFSET
 from heisd.runtime import run_thresholds
 from heisd.runtime.metrics import episode_steps, summarize
 from heisd.runtime.policy import VLAPolicy
 from heisd.runtime.runinfo import EVAL_RUN, check_run
 from heisd.storage import directory_lock, refuse_foreign, write_json, write_text
 
-EVAL_SEED_OFFSET = 10_000  # evaluation layouts come from seeds no demonstration command uses by default
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
 MUJOCO_LOG = "mujoco.log"

@@ -50,7 +50,7 @@ class DaggerConfig:
     max_steps: int = 300  # episode step limit of the rollouts
 
     def __post_init__(self) -> None:
-        from heisd.runtime.evaluation import EVAL_SEED_OFFSET
+        from heisd.data.demos import EVAL_SEED_OFFSET
 
         for name, least in (("rounds", 1), ("episodes", 1), ("steps", 1), ("batch_size", 1), ("threads", 1),
                             ("workers", 1), ("max_steps", 1), ("seed", 0)):
