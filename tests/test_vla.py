@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from heisd.vla import VLA, ActionTokenizer, CheckpointError, NormStats, TextTokenizer, VLAConfig
-from heisd.vla.frames import chunk_targets
+from heisd.vla.frames import Frames, chunk_targets
 from heisd.vla.vision import random_shift, resize_images
 
 INSTRUCTIONS = ["move left", "move right and open the gripper"]
@@ -137,6 +137,19 @@ def test_image_ops():
     for b in range(2):  # each output is a 4x4 window of the replicate-padded image
         padded = torch.nn.functional.pad(x[b:b + 1], (2, 2, 2, 2), mode="replicate")[0, 0]
         assert any(torch.equal(shifted[b, 0], padded[i:i + 4, j:j + 4]) for i in range(5) for j in range(5))
+
+
+def test_frames_move_to_a_device_whole():
+    """train-vla --device holds every frame there; a batch drawn with CPU indices comes from there."""
+    n = 6
+    frames = Frames(images=torch.zeros(n, 8, 8, 3, dtype=torch.uint8), states=torch.randn(n, 7),
+                    action_ids=torch.arange(n * 4).view(n, 4), prompt_ids=torch.ones(2, 3, dtype=torch.long),
+                    prompt_mask=torch.ones(2, 3, dtype=torch.long), episode=torch.tensor([0, 0, 0, 1, 1, 1]))
+    moved = frames.to("meta")
+    batch = moved.batch(torch.tensor([1, 4]))
+    assert all(v.device.type == "meta" for v in batch.values())
+    assert batch["images"].shape == (2, 8, 8, 3) and batch["prompt_ids"].shape == (2, 3)
+    assert torch.equal(frames.batch(torch.tensor([1, 4]))["action_ids"], torch.tensor([[4, 5, 6, 7], [16, 17, 18, 19]]))
 
 
 def test_save_load_round_trip(tmp_path):
