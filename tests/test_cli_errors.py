@@ -68,6 +68,7 @@ CASES = [  # argv, exit code, what the one line must say
      "--resume continues the run in --out, --overwrite replaces it"),
     (["train-vla", "--demos", "{root}/none.hdf5", "--out", "{root}/t"], 2, "--demos {root}/none.hdf5: no such file"),
     (["train-vla", "--demos", "{demos}", "--out", "{root}/t", "--device", "gpu0"], 2, "--device gpu0: not a torch device"),
+    (["train-vla", "--demos", "{demos}", "--out", "{root}/t", "--shift-pad", "-1"], 2, "--shift-pad must be >= 0 pixels"),
     (["calibrate", "--target", "{vla}", "--datastore", "{store}", "--demos", "{demos}"], 1,
      "store was built from this file"),
 ]

@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--layers", type=int, default=4, help="LLM decoder layers")
     size.add_argument("--image-size", type=int, default=64, help="frames are resized to this square")
     size.add_argument("--vision-channels", default="32,64,128,128", help="one stride-2 stage per entry")
+    size.add_argument("--shift-pad", type=int, default=4,
+                      help="random-shift augmentation in pixels at --image-size (DrQ); it also shifts where "
+                           "objects appear, so it blurs absolute positions by as much")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.resume and args.overwrite:
         raise UsageError("--resume continues the run in --out, --overwrite replaces it: pass one of them")
+    if args.shift_pad < 0:
+        raise UsageError(f"--shift-pad must be >= 0 pixels, got {args.shift_pad}")
     torch.set_num_threads(args.threads)
     device = torch_device(args.device)
     if device.type == "cuda":
@@ -62,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                       save_every=args.save_every)
     overrides = {"hidden_size": args.hidden_size, "n_layers": args.layers,
                  "intermediate_size": 4 * args.hidden_size, "image_size": args.image_size,
-                 "vision_channels": tuple(int(c) for c in args.vision_channels.split(","))}
+                 "vision_channels": tuple(int(c) for c in args.vision_channels.split(",")),
+                 "shift_pad": args.shift_pad}
     metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
                     overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
