@@ -30,9 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from heisd.commands.common import load_target
+    from heisd.commands.common import check_demos_camera, load_target
     from heisd.retrieval.build import BuildConfig, build_datastore
 
+    check_demos_camera(args.target, args.demos)
     summary = build_datastore(load_target(args), args.demos, args.out, BuildConfig(args.batch_size, index=args.index),
                               overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
                               benchmark=args.benchmark)

@@ -51,9 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Checks first; then the whole calibration holds the datastore's lock (the one writer)."""
+    from heisd.commands.common import check_demos_camera
     from heisd.retrieval.build import check_held_out
     from heisd.storage import directory_lock
 
+    check_demos_camera(args.target, args.demos)
     check_held_out(args.datastore, args.demos)
     with directory_lock(args.datastore, "heisd calibrate", create=False):
         return _run(args)

@@ -155,21 +155,37 @@ def load_target(args: argparse.Namespace):
 def add_camera_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--camera", default=None,
                    help="mw camera; default: the one the target's demonstrations were recorded with (the "
-                        "`camera` of its train_info.json), else corner3")
+                        "`camera` of its train_info.json), else corner3 (what heisd recorded with before checkpoints "
+                        "recorded their camera)")
 
 
 def camera_of(args: argparse.Namespace) -> str:
     """The mw camera a closed-loop run shows the target: a target sees the camera it was trained on."""
+    from heisd.benchmarks.mw import UNRECORDED_CAMERA
     from heisd.errors import UsageError
-    from heisd.runtime.evaluation import EvalConfig
-    from heisd.runtime.methods import default_of
     from heisd.vla.train import trained_camera
 
     trained = trained_camera(args.target) if args.target else None
     if args.camera is not None and trained is not None and args.camera != trained:
         raise UsageError(f"--camera {args.camera}: the target was trained on frames of camera {trained!r} "
                          f"({args.target}/train_info.json)")
-    return args.camera or trained or default_of(EvalConfig, "camera")
+    return args.camera or trained or UNRECORDED_CAMERA
+
+
+def check_demos_camera(target: str, demos) -> None:
+    """Demonstrations that a target encodes (datastore keys, drafter features, calibration frames)
+    must show the camera it was trained on: another view gives keys it never meets in closed loop."""
+    from heisd.data.dataset import recorded_settings
+    from heisd.errors import InputError
+    from heisd.vla.train import trained_camera
+
+    trained = trained_camera(target)
+    if trained is None:
+        return
+    for path, settings in zip(demos, recorded_settings(demos)):
+        if settings.get("camera", trained) != trained:
+            raise InputError(f"{path}: recorded with camera {settings['camera']!r}, but the target was trained on "
+                             f"camera {trained!r} ({target}/train_info.json): record it with --camera {trained}")
 
 
 def check_closed_loop(args: argparse.Namespace, target) -> None:

@@ -11,6 +11,7 @@ HELP = ("Record demonstrations as HDF5: scripted experts (mw; libero_object in L
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from heisd.benchmarks.mw import DEFAULT_CAMERA
     from heisd.benchmarks.registry import BENCHMARKS
 
     p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
@@ -24,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="std of Gaussian noise on executed xyz actions (DART); labels stay clean")
     p.add_argument("--image-size", type=int, default=128,
                    help="square camera image size in pixels (LIBERO: agentview, shadows off as small targets see it)")
-    p.add_argument("--camera", default="corner3", help="Meta-World camera name (LIBERO: always agentview)")
+    p.add_argument("--camera", default=DEFAULT_CAMERA, help="Meta-World camera name (LIBERO: always agentview); "
+                   "corner3's arm hides the puck at the start of push and pick-place")
     p.add_argument("--max-steps", type=int, default=300,
                    help="Meta-World episode step limit (LIBERO: the suite's protocol value)")
     p.add_argument("--policy", default="expert",

@@ -32,9 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from heisd.commands.common import load_target
+    from heisd.commands.common import check_demos_camera, load_target
     from heisd.drafter.train import DrafterTrainConfig, train_drafter
 
+    check_demos_camera(args.target, args.demos)
     cfg = DrafterTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                              max_frames=args.max_frames, feature_weight=args.feature_weight,
                              token_weight=args.token_weight, eval_every=args.eval_every)

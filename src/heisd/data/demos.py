@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from heisd import __version__
+from heisd.benchmarks.mw import DEFAULT_CAMERA
 from heisd.storage import OutputKind, atomic_file, check_output
 from heisd.storage.guard import hdf5_with_attr
 
@@ -44,7 +45,7 @@ class DemoConfig:
     seed: int = 0  # layout and noise seed; evaluation must use a different one
     noise: float = 0.0  # std of Gaussian noise added to executed xyz actions (DART); 0 = clean
     image_size: int = 128  # square camera frame, pixels
-    camera: str = "corner3"  # mw camera (LIBERO: agentview)
+    camera: str = DEFAULT_CAMERA  # mw camera (LIBERO: agentview)
     max_steps: int = 300  # mw episode limit (LIBERO: the suite's protocol value)
     policy: str = "expert"  # "expert" (scripted), or a target checkpoint directory: its own AR rollouts
     expert_labels: bool = False  # DAgger: the target acts, the recorded actions are the expert's

@@ -16,8 +16,9 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from heisd.errors import ConfigError, InputError
+from heisd.benchmarks.mw import DEFAULT_CAMERA
 from heisd.data.demos import EVAL_SEED_OFFSET
+from heisd.errors import ConfigError, InputError
 from heisd.runtime import run_thresholds
 from heisd.runtime.metrics import episode_steps, summarize
 from heisd.runtime.policy import VLAPolicy
@@ -37,7 +38,7 @@ class EvalConfig:
     max_steps: int = 300  # environment steps per episode
     execute: int = 0  # actions executed per inference (0 = the whole chunk)
     image_size: int = 128  # camera frame, pixels
-    camera: str = "corner3"  # Meta-World camera
+    camera: str = DEFAULT_CAMERA  # Meta-World camera
     benchmark: str = "mw"  # mw or a LIBERO suite (heisd.benchmarks.registry)
     protocol: str = "raw"  # the target's frame/action convention (TargetSpec.protocol; "openvla" on LIBERO)
 
