@@ -35,7 +35,7 @@ def test_labels_are_the_experts_on_the_targets_own_path(tiny_dir):
     np.testing.assert_array_equal(acted["images"], labelled["images"])
     np.testing.assert_array_equal(acted["ee_pos"], labelled["ee_pos"])
     assert not np.allclose(acted["actions"], labelled["actions"])
-    env = MetaWorldEnv("reach-v3", MWConfig(32, "corner3", 6))
+    env = MetaWorldEnv("reach-v3", MWConfig(32, "corner", 6))
     _, info = env.reset(options={"layout_seed": episode_seed(3, "reach-v3", 0)})
     first = np.clip(expert_policy("reach-v3").get_action(info["sim_obs"]), -1, 1)
     np.testing.assert_allclose(labelled["actions"][0], first, atol=1e-6)
@@ -102,7 +102,7 @@ def test_rounds_resume_and_refuse_other_settings(tiny_dir, tmp_path):
     assert [r["round"] for r in log] == [1, 2] and log[1]["actor"] == str(tmp_path / "run" / "round_1" / "vla")
     assert log[0]["actor_success"] == {"reach-v3": 0.0} and log[1]["rollout_seed"] == 21
     assert len(log[1]["data_files"]) == 3  # demos + both rounds' rollouts
-    assert trained_camera(final) == "corner3"  # the demos' and rollouts' camera, recorded for eval
+    assert trained_camera(final) == "corner"  # the demos' and rollouts' camera, recorded for eval
     stamp = (final / "model.safetensors").stat().st_mtime_ns
     run_dagger(cfg, tmp_path / "run", progress=False)  # same settings: everything is done, nothing reruns
     assert (final / "model.safetensors").stat().st_mtime_ns == stamp

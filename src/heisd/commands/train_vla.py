@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--layers", type=int, default=4, help="LLM decoder layers")
     size.add_argument("--image-size", type=int, default=64, help="frames are resized to this square")
     size.add_argument("--vision-channels", default="32,64,128,128", help="one stride-2 stage per entry")
-    size.add_argument("--shift-pad", type=int, default=4,
+    size.add_argument("--shift-pad", type=int, default=1,
                       help="random-shift augmentation in pixels at --image-size (DrQ); it also shifts where "
                            "objects appear, so it blurs absolute positions by as much")
 
