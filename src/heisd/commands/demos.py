@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int, default=128,
                    help="square camera image size in pixels (LIBERO: agentview, shadows off as small targets see it)")
     p.add_argument("--camera", default=DEFAULT_CAMERA, help="Meta-World camera name (LIBERO: always agentview); "
-                   "corner3's arm hides the puck at the start of push and pick-place")
+                   "corner3's arm can hide the puck at the start of push and pick-place")
     p.add_argument("--max-steps", type=int, default=300,
                    help="Meta-World episode step limit (LIBERO: the suite's protocol value)")
     p.add_argument("--policy", default="expert",
