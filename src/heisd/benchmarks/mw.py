@@ -20,6 +20,7 @@ from dataclasses import dataclass
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco is imported
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 
 from heisd.errors import InputError, UsageError
@@ -121,6 +122,10 @@ class MetaWorldEnv(gym.Env):
             env._freeze_rand_vec, env.seeded_rand_vec = False, True
         self._steps = 0
         sim_obs, _ = env.reset()
+        # Meta-World moves the goal site after its last physics step; without a forward pass the
+        # first frame draws it where the previous episode left it, so an episode would depend on
+        # the episodes before it (BENCHMARKS 2, determinism)
+        mujoco.mj_forward(env.model, env.data)
         self.layout = env._last_rand_vec.copy()
         return self._observe(sim_obs), self._info(sim_obs, success=False)
 
@@ -177,7 +182,6 @@ def _raw_env(task: str, image_size: int, camera: str):
 
 def _make_simulator(task: str, image_size: int, camera: str):
     import metaworld
-    import mujoco
 
     mt1 = metaworld.MT1(task, seed=0)  # only to set the task's kwargs (goal visible to the expert)
     env = mt1.train_classes[task](
