@@ -106,16 +106,18 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
     """Round r: roll out `actor`, label, fine-tune it on everything so far; return the new checkpoint."""
     import torch
 
+    from heisd.benchmarks.mw import UNRECORDED_CAMERA
     from heisd.data.demos import DemoConfig, generate_demos
-    from heisd.runtime.methods import default_of
-    from heisd.vla.train import TRAIN_STATE_FILE, TrainConfig, read_train_info, train, trained_camera
+    from heisd.vla.train import TRAIN_STATE_FILE, TrainConfig, demo_camera, read_train_info, train, trained_camera
 
     folder = out / f"round_{r}"
     folder.mkdir(parents=True, exist_ok=True)
     rollouts = folder / "rollouts.hdf5"
     t0 = time.perf_counter()
     if not rollouts.is_file():
-        camera = trained_camera(actor) or default_of(DemoConfig, "camera")  # the camera the actor knows
+        # the camera the actor knows; else its demonstrations' (fine-tuning mixes them with these rollouts,
+        # and train-vla refuses two cameras); else what heisd recorded with before files said
+        camera = trained_camera(actor) or demo_camera([Path(p) for p in cfg.demos]) or UNRECORDED_CAMERA
         demo_cfg = DemoConfig(cfg.tasks, cfg.episodes, cfg.round_seed(r), camera=camera, max_steps=cfg.max_steps,
                               policy=str(actor), expert_labels=True)
         generate_demos(demo_cfg, rollouts, workers=cfg.workers, progress=progress)
