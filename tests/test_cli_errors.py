@@ -62,6 +62,8 @@ CASES = [  # argv, exit code, what the one line must say
     (["demos", "--tasks", "reach-v3", "--out", "{theirs}", "--overwrite"], 1,
      "theirs.hdf5 exists and is not a heisd demonstration file"),
     (["demos", "--benchmark", "libero_goal", "--out", "{root}/lg"], 2, "there are no scripted experts for libero_goal"),
+    (["eval", "--benchmark", "libero_goal", "--out", "{root}/lg"], 2,
+     "no target is shipped for --benchmark libero_goal: give --target"),
     (["demos", "--tasks", "reach-v3"], 2, "demos needs --out"),
     (["demos", "--tasks", "reach-v3", "--measure", "--policy", "{vla}"], 2, "the target reads frames"),
     (["train-vla", "--demos", "{demos}", "--out", "{root}/t", "--resume", "--overwrite"], 2,
@@ -121,3 +123,17 @@ def test_a_multi_line_message_is_printed_on_one_line() -> None:
     assert _one_line(InputError("demos.hdf5: cannot read\n  (truncated chunk)")) == \
         "demos.hdf5: cannot read (truncated chunk)"
     assert _one_line(FileNotFoundError(2, "No such file or directory", "x.hdf5")) == "x.hdf5: No such file or directory"
+
+
+def test_target_defaults_to_the_benchmarks_shipped_one():
+    from heisd.cli import build_parser
+    from heisd.commands.common import shipped_target
+
+    parser, _ = build_parser("eval")
+    for benchmark, path in (("mw", "checkpoints/vla"), ("libero_object", "checkpoints/libero_object/vla")):
+        args = parser.parse_args(["eval", "--benchmark", benchmark, "--out", "x"])
+        shipped_target(args)
+        assert args.target == path
+    args = parser.parse_args(["eval", "--benchmark", "libero_object", "--target", "mine", "--out", "x"])
+    shipped_target(args)
+    assert args.target == "mine"  # a given --target is never replaced

@@ -80,6 +80,7 @@ def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, d
 
 
 def main(argv: list[str] | None = None) -> int:
+    from heisd.commands.common import shipped_target
     from heisd.errors import HeisdError
     from heisd.flags import check_args
     from heisd.storage import raise_on_sigterm
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with raise_on_sigterm():
             check_args(_subparser(parser, args.command), args)
+            shipped_target(args)
             mod = importlib.import_module(f"heisd.commands.{available[args.command]}")
             return mod.run(args)
     except KeyboardInterrupt as err:

@@ -10,15 +10,24 @@ from __future__ import annotations
 import argparse
 
 DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices (torch dtype names)
+# the shipped target each benchmark's closed-loop commands use when --target is not given
+SHIPPED_TARGETS = {"mw": "checkpoints/vla", "libero_object": "checkpoints/libero_object/vla"}
+
 TARGET_HELP = ("target checkpoint directory: a heisd VLA (e.g. checkpoints/vla) or an OpenVLA Hugging Face "
                "checkpoint; the kind is read from its config.json")
+
+
+SHIPPED = "shipped"  # --target's default where the benchmark's shipped target is: see `shipped_target`
 
 
 def add_target_arguments(p: argparse.ArgumentParser, default: str | None = None, target: bool = True) -> None:
     """--target (required unless `default`; left out with `target=False`) and how it is loaded:
     the same flags wherever a target is loaded."""
     if target:
-        p.add_argument("--target", default=default, required=default is None, help=TARGET_HELP)
+        shipped = ", ".join(f"{path} for {b}" for b, path in SHIPPED_TARGETS.items())
+        p.add_argument("--target", default=default, required=default is None,
+                       help=TARGET_HELP + (f" (default: the shipped one of --benchmark: {shipped})"
+                                           if default == SHIPPED else ""))
     p.add_argument("--unnorm-key", default=None,
                    help="OpenVLA: the dataset whose action statistics de-normalize actions (config.json "
                         "norm_stats; needed when it holds several; KEY falls back to KEY_no_noops)")
@@ -84,7 +93,7 @@ def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> Non
         p.add_argument("--method", default="ar", choices=METHODS, help="decoding method")
     p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
                    help="benchmark: mw (embedded) or a LIBERO suite (needs the libero extra)")
-    add_target_arguments(p, default="checkpoints/vla")
+    add_target_arguments(p, default=SHIPPED)
     p.add_argument("--datastore", default=None, help="datastore directory (retrieval, heisd)")
     p.add_argument("--relaxed-r", type=int, default=default_of(MethodConfig, "relaxed_r"),
                    help="token-relaxed acceptance bound in bins (specvla-relaxed)")
@@ -134,6 +143,20 @@ def _method_config(args: argparse.Namespace, method: str | None = None, **overri
             value = getattr(args, flag)
             given[field] = not value if flag.startswith("no_") else value
     return MethodConfig(**{**given, **overrides})
+
+
+def shipped_target(args: argparse.Namespace) -> None:
+    """Replace --target's `SHIPPED` default by the shipped target of --benchmark (before any command
+    reads it); a benchmark without one needs --target."""
+    from heisd.errors import UsageError
+
+    if getattr(args, "target", None) != SHIPPED:
+        return
+    benchmark = getattr(args, "benchmark", "mw")
+    if benchmark not in SHIPPED_TARGETS:
+        raise UsageError(f"no target is shipped for --benchmark {benchmark}: give --target (shipped ones: "
+                         + ", ".join(f"{b} {path}" for b, path in SHIPPED_TARGETS.items()) + ")")
+    args.target = SHIPPED_TARGETS[benchmark]
 
 
 def _str(path) -> str | None:
