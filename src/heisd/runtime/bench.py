@@ -163,6 +163,8 @@ def _percent(fraction: float | None) -> str:
 
 
 def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig) -> Path:
+    from heisd.benchmarks.libero_protocol import MAX_STEPS, NUM_STEPS_WAIT
+    from heisd.benchmarks.registry import is_libero
     from heisd.runtime.plots import plot_all
 
     plots = plot_all(summaries, out)
@@ -172,10 +174,14 @@ def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig
         task_rows.append(f"| {s['method']} | " + " | ".join(
             f"{100 * s['per_task'][t]['sr']:.0f}% ({s['per_task'][t]['episodes']})" if t in s["per_task"] else "-"
             for t in per_task) + " |")
+    if is_libero(cfg.benchmark):
+        limit = f"{NUM_STEPS_WAIT} wait steps, then at most {MAX_STEPS[cfg.benchmark]} env steps (the suite's protocol)"
+    else:
+        limit = f"max {cfg.max_steps} env steps"
     text = (
         f"# heisd bench\n\nCommand: `{command}`\n\n"
         f"Tasks: {', '.join(cfg.tasks)}; {cfg.episodes} episodes per task; evaluation seed {cfg.seed}; "
-        f"max {cfg.max_steps} env steps. Speedup = AR median latency / method median latency, same run.\n\n"
+        f"{limit}. Speedup = AR median latency / method median latency, same run.\n\n"
         + report_table(summaries)
         + "\n## Success per task\n\n" + "\n".join(task_rows) + "\n\n" + switch_table(summaries) + "## Plots\n\n"
         + "".join(f"![{p.stem}]({p.name})\n" for p in plots)
