@@ -12,12 +12,10 @@ import argparse
 DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices (torch dtype names)
 # the shipped target each benchmark's closed-loop commands use when --target is not given
 SHIPPED_TARGETS = {"mw": "checkpoints/vla", "libero_object": "checkpoints/libero_object/vla"}
+SHIPPED = "shipped"  # --target's default where the benchmark's shipped target is: see `shipped_target`
 
 TARGET_HELP = ("target checkpoint directory: a heisd VLA (e.g. checkpoints/vla) or an OpenVLA Hugging Face "
                "checkpoint; the kind is read from its config.json")
-
-
-SHIPPED = "shipped"  # --target's default where the benchmark's shipped target is: see `shipped_target`
 
 
 def add_target_arguments(p: argparse.ArgumentParser, default: str | None = None, target: bool = True) -> None:

@@ -8,7 +8,9 @@ HELP = "Quickstart: shipped target + drafter, a datastore built (or reused), cal
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="checkpoints/vla", help="shipped target VLA")
+    from heisd.commands.common import SHIPPED_TARGETS
+
+    p.add_argument("--target", default=SHIPPED_TARGETS["mw"], help="shipped target VLA")
     p.add_argument("--drafter", default="checkpoints/drafter", help="shipped drafter")
     p.add_argument("--work", default="outputs/demo", help="where demonstrations, datastore and results go")
     p.add_argument("--episodes", type=int, default=4, help="demonstrations per task for the datastore")
