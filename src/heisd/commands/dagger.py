@@ -10,16 +10,20 @@ HELP = ("Improve the target with DAgger: roll it out, label the states it visits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from heisd.benchmarks.libero_experts import EXPERT_SUITES
     from heisd.runtime.methods import default_of
     from heisd.vla.dagger import DaggerConfig
 
     d = lambda name: default_of(DaggerConfig, name)  # noqa: E731
+    p.add_argument("--benchmark", default=d("benchmark"), choices=("mw", *EXPERT_SUITES),
+                   help="where to roll out: the benchmarks with scripted experts to label the visited states")
     p.add_argument("--init", required=True, help="checkpoint to start from (behaviour-cloned on --demos)")
     p.add_argument("--demos", nargs="+", required=True,
                    help="the demonstration files --init was trained on (aggregated in every round)")
     p.add_argument("--out", type=Path, required=True,
-                   help="run directory: round_<r>/rollouts.hdf5 and round_<r>/vla per round, dagger_log.jsonl")
-    p.add_argument("--tasks", nargs="+", default=["all"], help="mw tasks to roll out, or 'all'")
+                   help="run directory: round_<r>/rollouts.hdf5 (LIBERO: round_<r>/rollouts/<task>_demo.hdf5) "
+                        "and round_<r>/vla per round, dagger_log.jsonl")
+    p.add_argument("--tasks", nargs="+", default=["all"], help="tasks of --benchmark to roll out, or 'all'")
     p.add_argument("--rounds", type=int, default=d("rounds"), help="rollout + fine-tune rounds")
     p.add_argument("--episodes", type=int, default=d("episodes"), help="rollout episodes per task per round")
     p.add_argument("--seed", type=int, default=d("seed"),
@@ -30,19 +34,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=d("lr"), help="peak fine-tuning learning rate (10%% warmup, cosine)")
     p.add_argument("--threads", type=int, default=d("threads"), help="torch threads for fine-tuning")
     p.add_argument("--workers", type=int, default=d("workers"), help="parallel simulator processes for rollouts")
-    p.add_argument("--max-steps", type=int, default=d("max_steps"), help="episode step limit of the rollouts")
+    p.add_argument("--max-steps", type=int, default=d("max_steps"),
+                   help="episode step limit of mw's rollouts (LIBERO: the suite's protocol value)")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in --out (a run with the same settings resumes without it)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from heisd.benchmarks.mw import resolve_tasks
+    from heisd.benchmarks.registry import resolve_tasks
     from heisd.vla.dagger import DaggerConfig, run_dagger
 
     cfg = DaggerConfig(init=str(args.init), demos=tuple(str(p) for p in args.demos),
-                       tasks=resolve_tasks(args.tasks), rounds=args.rounds, episodes=args.episodes, seed=args.seed,
-                       steps=args.steps, batch_size=args.batch_size, lr=args.lr, threads=args.threads,
-                       workers=args.workers, max_steps=args.max_steps)
+                       tasks=resolve_tasks(args.benchmark, args.tasks), rounds=args.rounds, episodes=args.episodes,
+                       seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                       threads=args.threads, workers=args.workers, max_steps=args.max_steps,
+                       benchmark=args.benchmark)
     final = run_dagger(cfg, args.out, overwrite=args.overwrite)
     print(f"final checkpoint: {final}  (per-round success of each actor: {args.out}/dagger_log.jsonl)")
     return 0

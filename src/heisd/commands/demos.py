@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 HELP = ("Record demonstrations as HDF5: scripted experts (mw; libero_object in LIBERO's own layout; successful "
-        "episodes only), or the target's own closed-loop rollouts (--policy DIR, mw, every episode) for a "
-        "self-datastore.")
+        "episodes only), or the target's own closed-loop rollouts (--policy DIR, every episode) for a "
+        "self-datastore or, with --expert-labels, DAgger.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

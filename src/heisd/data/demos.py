@@ -65,9 +65,6 @@ class DemoConfig:
             from heisd.benchmarks.libero_experts import check_expert_suite
 
             check_expert_suite(self.benchmark)
-            if self.policy != "expert":
-                raise UsageError(f"demos --benchmark {self.benchmark} records the scripted expert; the target's "
-                                 "own rollouts (--policy DIR) are recorded on mw only")
 
     @property
     def source(self) -> str:
@@ -118,15 +115,15 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     from heisd.benchmarks.registry import is_libero, make_env
 
     libero = is_libero(cfg.benchmark)
+    policy = None if cfg.source == "expert" else _target_policy(cfg.policy, cfg.benchmark)
     env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps)
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})
     label = _expert_labeller(cfg.benchmark, task, env)  # called once per step: LIBERO's expert keeps a phase
-    if cfg.source == "expert":
+    if policy is None:
         act = lambda obs, info: [label(info)]  # noqa: E731
     else:
-        policy = _target_policy(cfg.policy)
         policy.reset(env.instruction, task)
         act = lambda obs, info: policy.act(obs["image"], obs["state"])[0]  # noqa: E731
     # state: ee xyz, then mw's gripper opening and goal xyz, or LIBERO's two finger positions
@@ -159,16 +156,23 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
 
 
 @functools.cache
-def _target_policy(directory: str):
-    """The target with AR decoding, loaded once per process."""
+def _target_policy(directory: str, benchmark: str):
+    """The target with AR decoding, loaded once per process; it must act in `benchmark` as recorded
+    (heisd's own conventions: an OpenVLA checkpoint needs the protocol's 256 px frames, not these)."""
     import torch
 
+    from heisd.benchmarks.registry import action_dim
+    from heisd.errors import UsageError
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
     from heisd.targets import load_target
 
     torch.set_num_threads(1)  # one simulator + one model per process
     target = load_target(directory)
+    if target.spec.action_dim != action_dim(benchmark) or target.spec.protocol != "raw":
+        raise UsageError(f"--policy {directory}: a target with {target.spec.action_dim}-D actions and the "
+                         f"{target.spec.protocol!r} protocol cannot be recorded in {benchmark} (it takes "
+                         f"{action_dim(benchmark)}-D actions; rollouts are recorded for heisd's own targets)")
     return VLAPolicy(target, build_decoders(MethodConfig("ar"), target))
 
 

@@ -3,13 +3,14 @@
 
     data/                  attrs: problem_info (JSON), bddl_file_name, env_args (JSON),
                            macros_image_convention "opengl", num_demos, total, heisd_version, source
-      demo_<i>/            attrs: num_samples, layout (the start state)
+      demo_<i>/            attrs: num_samples, layout (the start state), success
         actions            (T, 7) float32, the expert's clean labels (DART noise is not in them)
         obs/agentview_rgb  (T, H, W, 3) uint8, upside down as rendered (readers rotate it 180 degrees)
         obs/ee_pos         (T, 3), obs/gripper_states (T, 2)
-        states             (T, S) float64 simulator states, rewards and dones (T,) uint8
+        states             (T, S) float64 simulator states, rewards and dones (T,) uint8 (1 at a success)
 
-Only successful episodes are kept; the writer is all-or-nothing (the files appear together).
+An expert's successful episodes are kept; the target's rollouts and DAgger data keep every episode
+(`heisd.data.demos`). The writer is all-or-nothing (the files appear together).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from heisd import __version__
 from heisd.benchmarks.libero_protocol import rotate_180
-from heisd.data.demos import DEMOS, VERSION_ATTR, DemoConfig, _episode_job
+from heisd.data.demos import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, _episode_job
 from heisd.data.libero_files import DEMO_SUFFIX
 from heisd.storage import atomic_files, check_output
 
@@ -35,7 +36,7 @@ def task_file(task: str) -> str:
 
 def generate_libero_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True,
                           overwrite: bool = False) -> dict:
-    """Roll out the LIBERO expert and write `out/<task>_demo.hdf5` for every task of `cfg`.
+    """Roll out `cfg.policy` and write `out/<task>_demo.hdf5` for every task of `cfg`.
     Existing files there need `overwrite`, and are replaced only if heisd wrote them."""
     import h5py
     from tqdm import tqdm
@@ -58,7 +59,7 @@ def generate_libero_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress
                 if task not in files:
                     files[task] = h5py.File(temps[task_file(task)], "w")
                     _file_attrs(files[task].create_group("data"), ep, cfg)
-                if ep["success"]:
+                if ep["success"] or cfg.source in KEEP_FAILED:
                     steps[task] = steps.get(task, 0) + _write_episode(files[task]["data"], kept.get(task, 0), ep)
                     kept[task] = kept.get(task, 0) + 1
                 else:
@@ -105,6 +106,7 @@ def _write_episode(data, index: int, ep: dict) -> int:
     n = len(ep["actions"])
     g.attrs["num_samples"] = n
     g.attrs["layout"] = ep["layout"]
+    g.attrs["success"] = bool(ep["success"])  # heisd's reader defaults to True: LIBERO's files hold successes only
     g.create_dataset("actions", data=ep["actions"])
     frames = np.stack([rotate_180(f) for f in ep["images"]])
     h, w = frames.shape[1:3]
@@ -113,7 +115,7 @@ def _write_episode(data, index: int, ep: dict) -> int:
     g.create_dataset("obs/gripper_states", data=ep["gripper"])
     g.create_dataset("states", data=ep["states"])
     done = np.zeros(n, dtype=np.uint8)
-    done[-1] = 1  # kept episodes succeed on their last step
+    done[-1] = int(ep["success"])  # a success ends its episode
     g.create_dataset("rewards", data=done)
     g.create_dataset("dones", data=done)
     return n

@@ -8,7 +8,8 @@ expert's answer, into the training data.
 `OUT/` holds, per round r (1-based):
 
     round_<r>/rollouts.hdf5   the round's actor (round r-1's checkpoint, round 1: --init) rolled
-                              out on layouts of seed `seed + r - 1`, expert-labelled
+                              out on layouts of seed `seed + r - 1`, expert-labelled (LIBERO:
+                              round_<r>/rollouts/<task>_demo.hdf5, one file per task)
     round_<r>/vla/            the checkpoint fine-tuned from the actor on demos + rollouts 1..r
     dagger.json               the configuration (a resumed run must match it, except for the number of
                               rounds, which may grow, and the threads and workers)
@@ -38,7 +39,7 @@ DAGGER_RUN = OutputKind("DAgger run", json_with(CONFIG_FILE, "rounds"))
 class DaggerConfig:
     init: str  # checkpoint of round 0 (behaviour-cloned on the demonstrations)
     demos: tuple[str, ...]  # the demonstrations it was trained on (aggregated every round)
-    tasks: tuple[str, ...]  # mw tasks rolled out
+    tasks: tuple[str, ...]  # tasks of `benchmark` rolled out
     rounds: int = 3  # rollout + fine-tune rounds
     episodes: int = 8  # rollout episodes per task per round
     seed: int = 20  # round r rolls out on layouts of seed `seed + r - 1` (never an evaluation seed)
@@ -47,10 +48,15 @@ class DaggerConfig:
     lr: float = 3e-4  # peak fine-tuning learning rate (a tenth of the schedule warms up)
     threads: int = 2  # torch threads for fine-tuning
     workers: int = 1  # simulator processes for the rollouts
-    max_steps: int = 300  # episode step limit of the rollouts
+    max_steps: int = 300  # episode step limit of mw's rollouts (LIBERO: the suite's protocol value)
+    benchmark: str = "mw"  # mw, or a LIBERO suite with scripted experts (libero_object)
 
     def __post_init__(self) -> None:
+        from heisd.benchmarks.libero_experts import check_expert_suite
         from heisd.data.demos import EVAL_SEED_OFFSET
+
+        if self.benchmark != "mw":
+            check_expert_suite(self.benchmark)
 
         for name, least in (("rounds", 1), ("episodes", 1), ("steps", 1), ("batch_size", 1), ("threads", 1),
                             ("workers", 1), ("max_steps", 1), ("seed", 0)):
@@ -71,7 +77,9 @@ def demo_seeds(paths: tuple[str, ...]) -> set[int]:
     """Layout seeds the demonstration files were recorded with (their `env_args`)."""
     from heisd.data.dataset import recorded_settings
 
-    return {int(s["seed"]) for s in recorded_settings(paths) if "seed" in s}
+    # heisd's LIBERO files keep them inside LIBERO's env_args, under "heisd_demos"
+    settings = [s.get("heisd_demos", s) for s in recorded_settings(paths)]
+    return {int(s["seed"]) for s in settings if "seed" in s}
 
 
 def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: bool = True) -> Path:
@@ -79,6 +87,8 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
     out = Path(out)
     saved = out / CONFIG_FILE
     before, now = (json.loads(saved.read_text()) if saved.is_file() else None), _jsonable(cfg)
+    if before is not None:
+        before.setdefault("benchmark", "mw")  # runs saved before LIBERO had DAgger
     resuming = before == now
     if before is not None and not resuming and not overwrite:
         changed = sorted(k for k in now if before.get(k) != now[k])
@@ -106,39 +116,57 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
     """Round r: roll out `actor`, label, fine-tune it on everything so far; return the new checkpoint."""
     import torch
 
-    from heisd.benchmarks.mw import UNRECORDED_CAMERA
+    from heisd.benchmarks.mw import DEFAULT_CAMERA, UNRECORDED_CAMERA
+    from heisd.benchmarks.registry import is_libero
     from heisd.data.demos import DemoConfig, generate_demos
     from heisd.vla.train import TRAIN_STATE_FILE, TrainConfig, demo_camera, read_train_info, train, trained_camera
 
     folder = out / f"round_{r}"
     folder.mkdir(parents=True, exist_ok=True)
-    rollouts = folder / "rollouts.hdf5"
     t0 = time.perf_counter()
-    if not rollouts.is_file():
-        # the camera the actor knows; else its demonstrations' (fine-tuning mixes them with these rollouts,
-        # and train-vla refuses two cameras); else what heisd recorded with before files said
-        camera = trained_camera(actor) or demo_camera([Path(p) for p in cfg.demos]) or UNRECORDED_CAMERA
+    if not all(p.is_file() for p in rollout_files(cfg, folder)):  # written all at once: none or every one
+        # mw: the camera the actor knows; else its demonstrations' (fine-tuning mixes them with these rollouts,
+        # and train-vla refuses two cameras); else what heisd recorded with before files said. LIBERO: agentview
+        camera = DEFAULT_CAMERA if is_libero(cfg.benchmark) else (
+            trained_camera(actor) or demo_camera([Path(p) for p in cfg.demos]) or UNRECORDED_CAMERA)
         demo_cfg = DemoConfig(cfg.tasks, cfg.episodes, cfg.round_seed(r), camera=camera, max_steps=cfg.max_steps,
-                              policy=str(actor), expert_labels=True)
-        generate_demos(demo_cfg, rollouts, workers=cfg.workers, progress=progress)
+                              policy=str(actor), expert_labels=True, benchmark=cfg.benchmark)
+        generate_demos(demo_cfg, _rollout_output(cfg, folder), workers=cfg.workers, progress=progress)
     rollout_s = time.perf_counter() - t0
     ckpt = folder / "vla"
     train_cfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                             warmup_steps=max(1, cfg.steps // 10), seed=cfg.seed + r,
                             eval_every=max(1, cfg.steps // 6), save_every=max(1, cfg.steps // 6))
-    data = [Path(p) for p in cfg.demos] + [out / f"round_{i}" / "rollouts.hdf5" for i in range(1, r + 1)]
+    data = [Path(p) for p in cfg.demos] + [f for i in range(1, r + 1) for f in rollout_files(cfg, out / f"round_{i}")]
     t1 = time.perf_counter()
     if read_train_info(ckpt).get("step") != cfg.steps:  # not trained to the end yet
         torch.set_num_threads(cfg.threads)
         resume = (ckpt / TRAIN_STATE_FILE).is_file()
-        train(data, ckpt, train_cfg, chunk=_chunk(actor), resume=resume, benchmark="mw", init_from=actor,
+        train(data, ckpt, train_cfg, chunk=_chunk(actor), resume=resume, benchmark=cfg.benchmark, init_from=actor,
               overwrite=not resume and ckpt.exists())
     if r not in logged_rounds(out):
         _log(out, {"round": r, "actor": str(actor), "checkpoint": str(ckpt), "rollout_seed": cfg.round_seed(r),
-                   "actor_success": rollout_success(rollouts), "data_files": [str(p) for p in data],
-                   "rollout_s": round(rollout_s, 1), "train_s": round(time.perf_counter() - t1, 1),
+                   "actor_success": rollout_success(rollout_files(cfg, folder)),
+                   "data_files": [str(p) for p in data], "rollout_s": round(rollout_s, 1),
+                   "train_s": round(time.perf_counter() - t1, 1),
                    "train_metrics": read_train_info(ckpt).get("last_metrics", {})})
     return ckpt
+
+
+def _rollout_output(cfg: DaggerConfig, folder: Path) -> Path:
+    """Where a round's rollouts are recorded: mw one file, LIBERO a directory of per-task files."""
+    from heisd.benchmarks.registry import is_libero
+
+    return folder / ("rollouts" if is_libero(cfg.benchmark) else "rollouts.hdf5")
+
+
+def rollout_files(cfg: DaggerConfig, folder: Path) -> list[Path]:
+    """The files of a round's rollouts."""
+    from heisd.benchmarks.registry import is_libero
+    from heisd.data.libero_demos import task_file
+
+    output = _rollout_output(cfg, folder)
+    return [output / task_file(t) for t in cfg.tasks] if is_libero(cfg.benchmark) else [output]
 
 
 def logged_rounds(out: Path) -> set[int]:
@@ -148,14 +176,15 @@ def logged_rounds(out: Path) -> set[int]:
     return {json.loads(line)["round"] for line in path.read_text().splitlines() if line.strip()}
 
 
-def rollout_success(path: Path) -> dict[str, float]:
-    """Success rate per task of the actor in a rollout file (every episode is kept)."""
+def rollout_success(paths: list[Path]) -> dict[str, float]:
+    """Success rate per task of the actor in its rollout files (every episode is kept)."""
     from heisd.data.dataset import DemoFile
 
     wins: dict[str, list[bool]] = {}
-    with DemoFile(path) as f:
-        for ep in f:
-            wins.setdefault(ep.task, []).append(ep.success)
+    for path in paths:
+        with DemoFile(path) as f:
+            for ep in f:
+                wins.setdefault(ep.task, []).append(ep.success)
     return {t: sum(v) / len(v) for t, v in sorted(wins.items())}
 
 
