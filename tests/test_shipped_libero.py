@@ -59,8 +59,8 @@ def test_shipped_libero_target_runs_an_episode_and_specvla_keeps_its_tokens(vla)
 
 @pytest.mark.slow
 def test_shipped_libero_target_picks_and_places(vla, tmp_path):
-    """Closed loop on the suite's init states (no demonstration used them): milk, one of the tasks it
-    does (9/10 with AR in BENCHMARKS 8.1; cream cheese, butter and bbq sauce it never does)."""
+    """Closed loop on the suite's init states (no demonstration used them): milk (10/10 with AR in
+    BENCHMARKS 8.1; bbq sauce and butter, its weak tasks, would make a flaky check)."""
     from heisd.runtime.evaluation import EvalConfig, evaluate
 
     policy = VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
