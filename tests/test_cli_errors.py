@@ -3,7 +3,9 @@ usage), no traceback unless --debug or HEISD_DEBUG=1 asks for it."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,8 @@ from helpers import tiny_vla, write_demo_file
 from heisd.cli import main
 from heisd.retrieval import build_datastore
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+ROOT = Path(__file__).resolve().parents[1]
+SRC = str(ROOT / "src")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,13 @@ def files(tmp_path_factory) -> dict[str, str]:
         f.create_group("data")
     names = {"vla": "vla", "demos": "demos.hdf5", "store": "store", "notes": "notes.txt", "photos": "photos",
              "theirs": "theirs.hdf5"}
-    return {key: str(root / name) for key, name in names.items()} | {"root": str(root)}
+    shipped = {"drafter": ROOT / "checkpoints" / "drafter", "vla7d": ROOT / "checkpoints" / "libero_object" / "vla",
+               "shipped": ROOT / "checkpoints" / "vla", "edited": root / "edited"}
+    shutil.copytree(shipped["drafter"], root / "edited")
+    config = json.loads((root / "edited" / "config.json").read_text())
+    (root / "edited" / "config.json").write_text(json.dumps({**config, "target_fingerprint": "0" * 64}))
+    return {key: str(root / name) for key, name in names.items()} | {"root": str(root)} | {
+        key: str(path) for key, path in shipped.items()}
 
 
 EVAL = ["eval", "--target", "{vla}", "--tasks", "reach-v3", "--out", "{root}/ev"]
@@ -73,6 +82,15 @@ CASES = [  # argv, exit code, what the one line must say
     (["train-vla", "--demos", "{demos}", "--out", "{root}/t", "--shift-pad", "-1"], 2, "--shift-pad must be >= 0 pixels"),
     (["calibrate", "--target", "{vla}", "--datastore", "{store}", "--demos", "{demos}"], 1,
      "store was built from this file"),
+    (["dagger", "--init", "{drafter}", "--demos", "{demos}", "--tasks", "reach-v3", "--out", "{root}/dg"], 1,
+     "{drafter} is a drafter (made by heisd train-drafter), not a target: pass it as --drafter"),
+    (["dagger", "--init", "{vla7d}", "--demos", "{demos}", "--tasks", "reach-v3", "--out", "{root}/dg"], 2,
+     "--init {vla7d}: a target with 7-D actions and the 'raw' protocol cannot be recorded in mw"),
+    (["eval", "--target", "{drafter}", "--out", "{root}/ev"], 1, "is a drafter (made by heisd train-drafter), not a target"),
+    (EVAL + ["--method", "specvla", "--drafter", "{vla}"], 1,
+     "{vla} is a target checkpoint, not a drafter: pass it as --target"),
+    (["eval", "--target", "{shipped}", "--method", "specvla", "--drafter", "{edited}", "--out", "{root}/ev"], 1,
+     "train one for this target (heisd train-drafter --target DIR) or pass the drafter made for it as --drafter"),
 ]
 
 
@@ -87,6 +105,7 @@ def test_bad_input_gives_one_line_and_the_exit_code(files, capsys, argv, code, m
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert message.format(**files) in lines[0] and lines[0].startswith("heisd")
+    assert not any(Path(files["root"], name).exists() for name in ("dg", "ev"))  # a refused run leaves nothing
 
 
 def test_argparse_errors_are_one_line_with_exit_2(capsys) -> None:
@@ -137,3 +156,61 @@ def test_target_defaults_to_the_benchmarks_shipped_one():
     args = parser.parse_args(["eval", "--benchmark", "libero_object", "--target", "mine", "--out", "x"])
     shipped_target(args)
     assert args.target == "mine"  # a given --target is never replaced
+
+
+HOLD_LOCK = """
+import sys, time
+from heisd.storage import output_lock
+with output_lock(sys.argv[1], "heisd demos (another recording)"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("command", [
+    ["demos", "--tasks", "reach-v3", "--episodes", "1", "--out", "{out}"],
+    ["build-datastore", "--target", "{vla}", "--demos", "{demos}", "--out", "{out}"],
+])
+def test_a_second_writer_of_the_same_output_is_refused(files, capsys, tmp_path, command) -> None:
+    """Two recordings into one --out used to both print 'wrote' while one of them was lost."""
+    out = tmp_path / "same-out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], env={**os.environ, "PYTHONPATH": SRC},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main([a.format(**files, out=out) for a in command]) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert f"{out} is in use by another heisd process (pid {holder.pid}: heisd demos (another recording))" in err
+    assert not out.exists()
+
+
+def test_a_camera_name_the_model_lacks_is_refused(tmp_path, capsys) -> None:
+    """A typo used to record from MuJoCo's free camera and store the typo in the file."""
+    out = tmp_path / "d.hdf5"
+    assert main(["demos", "--tasks", "reach-v3", "--episodes", "1", "--camera", "corner5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--camera 'corner5': Meta-World has no such camera; its cameras: " in err and "corner2" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_task_named_twice_is_refused(tmp_path, capsys) -> None:
+    for command in (["demos", "--out", str(tmp_path / "d.hdf5")], ["eval", "--out", str(tmp_path / "ev")]):
+        assert main([*command, "--tasks", "reach-v3", "push-v3", "reach-v3"]) == 2
+        assert "--tasks names reach-v3 more than once" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_corrupt_run_record_is_named_not_called_foreign(files, capsys, tmp_path) -> None:
+    for command, record in ((["eval", "--target", files["vla"], "--tasks", "reach-v3"], "run.json"),
+                            (["dagger", "--init", files["vla"], "--demos", files["demos"], "--tasks", "reach-v3"],
+                             "dagger.json")):
+        out = tmp_path / record.split(".")[0]
+        out.mkdir()
+        (out / record).write_text('{"bench')  # cut short, as by a full disk or an editor
+        assert main([*command, "--out", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert f"{out / record} is corrupt or incomplete, so heisd cannot tell whether {out} holds its" in err, err
+        assert [p.name for p in out.iterdir()] == [record]

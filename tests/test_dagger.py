@@ -11,7 +11,7 @@ from heisd.data.dataset import DemoFile
 from heisd.data.demos import DemoConfig, episode_seed, generate_demos, record_episode
 from heisd.errors import ConfigError, InputError, OutputError
 from heisd.runtime.evaluation import EVAL_SEED_OFFSET
-from heisd.vla import VLA
+from heisd.vla import CheckpointError, VLA
 from heisd.vla.dagger import LOG_FILE, DaggerConfig, run_dagger
 from heisd.vla.frames import read_episodes
 from heisd.vla.train import TrainConfig, train, trained_camera
@@ -114,7 +114,7 @@ def test_rounds_resume_and_refuse_other_settings(tiny_dir, tmp_path):
     other = DaggerConfig(**{**cfg.__dict__, "steps": 3})
     with pytest.raises(OutputError, match="steps"):
         run_dagger(other, tmp_path / "run", progress=False)
-    with pytest.raises(InputError, match="not a VLA checkpoint"):
+    with pytest.raises(CheckpointError, match="not a target checkpoint directory"):
         run_dagger(DaggerConfig(**{**cfg.__dict__, "init": str(tmp_path)}), tmp_path / "run3", progress=False)
     assert not (tmp_path / "run3").exists()  # refused before anything was written
     clash = DaggerConfig(**{**cfg.__dict__, "seed": 4})  # rounds 4, 5: the demos used 5

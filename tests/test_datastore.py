@@ -177,6 +177,31 @@ def test_finalize_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert [p.name for p in tmp_path.iterdir()] == ["ds"]
 
 
+def test_overwrite_replaces_only_the_datastores_files(tmp_path: Path) -> None:
+    """A user's notes and analysis folder beside the datastore survive --overwrite; the old
+    datastore's files that the new one lacks (a task fewer) go."""
+    writer = _writer()
+    _fill(writer)
+    path = writer.finalize(tmp_path / "ds")
+    (path / "notes.txt").write_text("mine")
+    (path / "analysis").mkdir()
+    (path / "analysis" / "plot.png").write_bytes(b"png")
+    smaller = _writer(tasks=TASKS[:2])
+    rng = np.random.default_rng(3)
+    for task in TASKS[:2]:
+        smaller.add(keys=rng.standard_normal((4, KEY_DIM)), tokens=np.full((4, N_SEQ, N_TOKENS), 31800),
+                    own_tokens=np.full((4, N_TOKENS), 31800), hidden=rng.standard_normal((4, HIDDEN_DIM)),
+                    ee_pos=np.zeros((4, 3)), episode=0, step=np.arange(4), task=task)
+    smaller.finalize(path, overwrite=True)
+    ds = Datastore.load(path)
+    assert ds.tasks == TASKS[:2] and len(ds) == 8
+    assert (path / "notes.txt").read_text() == "mine" and (path / "analysis" / "plot.png").is_file()
+    manifest = json.loads((path / "manifest.json").read_text())
+    ours = {"manifest.json", *manifest["files"]}
+    assert {p.name for p in path.iterdir()} == ours | {"notes.txt", "analysis"}  # index_task2 etc. gone
+    assert [p.name for p in tmp_path.iterdir()] == ["ds"]  # no temporaries left beside it
+
+
 def test_update_extras_persists(built) -> None:
     path = built[0]
     ds = Datastore.load(path)

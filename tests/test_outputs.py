@@ -46,8 +46,9 @@ def test_overwrite_never_touches_a_file_or_folder_heisd_did_not_make(tmp_path, c
     with pytest.raises(OutputError, match="already holds a heisd datastore"):
         build_datastore(vla, [tmp_path / "demos.hdf5"], tmp_path / "store")
     (tmp_path / "store" / "notes.txt").write_text("a note inside the old store")
-    build_datastore(vla, [tmp_path / "demos.hdf5"], tmp_path / "store", overwrite=True)  # heisd's own: replaced
-    assert not (tmp_path / "store" / "notes.txt").exists() and siblings(tmp_path / "store") == sorted(before + ["store"])
+    build_datastore(vla, [tmp_path / "demos.hdf5"], tmp_path / "store", overwrite=True)  # heisd's files: replaced
+    assert (tmp_path / "store" / "notes.txt").read_text() == "a note inside the old store"  # the user's: kept
+    assert siblings(tmp_path / "store") == sorted(before + ["store"])
 
 
 def test_demos_need_overwrite_and_replace_only_heisd_files(tmp_path) -> None:

@@ -144,7 +144,11 @@ def test_calibrate_stores_theta_and_threshold(built, tmp_path, capsys) -> None:
     rc = main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
                "--demos", str(heldout), "--frames", "12", "--threads", "1"])
     assert rc == 0 and "verify-skip theta" in capsys.readouterr().out
-    extras = json.loads((copy / "manifest.json").read_text())["extras"]
+
+    def not_json(literal: str):
+        raise AssertionError(f"manifest.json holds {literal}, which is not JSON")
+
+    extras = json.loads((copy / "manifest.json").read_text(), parse_constant=not_json)["extras"]
     skip, hybrid, frames = extras["verify_skip"], extras["hybrid"], extras["calibration_frames"]
     assert skip["frames_total"] == 12 and len(frames["similarity"]) == 12
     assert skip["theta"] > 0.0 and 0.0 <= skip["skip_rate"] <= 1.0

@@ -17,7 +17,7 @@ import pytest
 
 from heisd.errors import OutputError
 from heisd.storage import (LOCK_FILE, OutputKind, atomic_directory, atomic_file, atomic_files, check_output,
-                           clear_output, directory_lock, is_free, refuse_foreign, write_json)
+                           clear_output, directory_lock, is_free, refuse_foreign, strict_json, write_json)
 from heisd.storage.guard import has_file, hdf5_with_attr, json_with
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -58,17 +58,22 @@ def test_atomic_directory_replace_and_failure(tmp_path: Path) -> None:
     with atomic_directory(out) as tmp:
         (tmp / "x").write_text("1")
     with pytest.raises(ValueError):
-        with atomic_directory(out, replace=True) as tmp:
+        with atomic_directory(out, replace=["x"]) as tmp:
             (tmp / "x").write_text("2")
             raise ValueError
     assert (out / "x").read_text() == "1" and names(tmp_path) == ["d"]
-    with atomic_directory(out, replace=True) as tmp:
+    (out / "notes.txt").write_text("the user's")
+    with atomic_directory(out, replace=["x"]) as tmp:
         (tmp / "y").write_text("2")
-    assert names(out) == ["y"] and names(tmp_path) == ["d"]  # no hidden .old- or .tmp- left
+    assert names(out) == ["notes.txt", "y"] and names(tmp_path) == ["d"]  # no hidden .old- or .tmp- left
+    with pytest.raises(OutputError, match="not a plain file name"):
+        with atomic_directory(out, replace=["../d"]) as tmp:
+            (tmp / "z").write_text("3")
+    assert names(out) == ["notes.txt", "y"]
     with pytest.raises(OutputError, match="appeared while it was being written"):
         with atomic_directory(out) as tmp:  # not asked to replace: what is there stays
             (tmp / "z").write_text("3")
-    assert names(out) == ["y"] and names(tmp_path) == ["d"]
+    assert names(out) == ["notes.txt", "y"] and names(tmp_path) == ["d"]
 
 
 def test_guard_refuses_foreign_outputs_and_needs_overwrite(tmp_path: Path) -> None:
@@ -162,7 +167,7 @@ INTERRUPTED_WRITE = """
     try:
         with raise_on_sigterm():
             if sys.argv[1] == "directory":
-                with atomic_directory(out / "store", replace=True) as tmp:
+                with atomic_directory(out / "store", replace=["old.npy"]) as tmp:
                     (tmp / "part.npy").write_bytes(b"x" * 1000)
                     print("writing", flush=True)
                     time.sleep(60)
@@ -191,3 +196,14 @@ def test_an_interrupted_write_leaves_nothing_behind(tmp_path: Path, what: str, s
     assert names(tmp_path / "out") == ["demos.hdf5", "store"]  # no .tmp- / .old- siblings
     assert names(tmp_path / "out" / "store") == ["old.npy"]
     assert (tmp_path / "out" / "demos.hdf5").read_text() == "the previous demos"
+
+
+def test_json_files_are_strict_json(tmp_path: Path) -> None:
+    """NaN and Infinity are not JSON: an undefined number (a precision over no skipped frame) is null."""
+    def refuse(literal: str):
+        raise AssertionError(f"{literal} written")
+
+    write_json(tmp_path / "m.json", {"precision": float("nan"), "rows": [1.5, float("inf"), {"x": -float("inf")}]})
+    assert json.loads((tmp_path / "m.json").read_text(), parse_constant=refuse) == {
+        "precision": None, "rows": [1.5, None, {"x": None}]}
+    assert strict_json((0.25, float("nan"))) == "[0.25, null]"

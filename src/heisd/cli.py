@@ -1,6 +1,8 @@
 """`heisd` command line: one subcommand per module in `heisd.commands`.
 
-Each command module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
+Each command module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`;
+`LOCKS_OUT = True` makes the command hold the lock of its `--out` path while it runs, so a second
+process writing the same output is refused at once instead of silently losing one run's work.
 Modules are imported only when their subcommand runs, so `heisd --help` stays fast and
 optional heavy dependencies load lazily.
 
@@ -18,6 +20,7 @@ import importlib.util
 import os
 import sys
 import traceback
+from contextlib import nullcontext
 
 DEBUG_HELP = "print the full traceback of an error (also: HEISD_DEBUG=1)"
 
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from heisd.commands.common import shipped_target
     from heisd.errors import HeisdError
     from heisd.flags import check_args
-    from heisd.storage import raise_on_sigterm
+    from heisd.storage import output_lock, raise_on_sigterm
 
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -96,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             check_args(_subparser(parser, args.command), args)
             shipped_target(args)
             mod = importlib.import_module(f"heisd.commands.{available[args.command]}")
-            return mod.run(args)
+            out = getattr(args, "out", None) if getattr(mod, "LOCKS_OUT", False) else None
+            with output_lock(out) if out is not None else nullcontext():
+                return mod.run(args)
     except KeyboardInterrupt as err:
         code = 128 + getattr(err, "signum", 2)  # SIGINT 2 (KeyboardInterrupt) or SIGTERM 15
         print(f"{prog}: interrupted; finished outputs are kept, unfinished ones removed", file=sys.stderr)

@@ -187,6 +187,9 @@ def _make_simulator(task: str, image_size: int, camera: str):
     env = mt1.train_classes[task](
         render_mode="rgb_array", width=image_size, height=image_size, camera_name=camera
     )
+    cameras = [env.model.camera(i).name for i in range(env.model.ncam)]
+    if camera not in cameras:  # MuJoCo would silently render from its free camera instead
+        raise UsageError(f"--camera {camera!r}: Meta-World has no such camera; its cameras: {', '.join(cameras)}")
     env.set_task(mt1.train_tasks[0])
     env.max_path_length = 10**9  # episode length is ours (MWConfig.max_steps)
     env.model.vis.quality.offsamples = 0  # no anti-aliasing: ~7x faster software rendering

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from heisd.benchmarks.libero_protocol import SUITES
+from heisd.errors import UsageError
 
 BENCHMARKS: tuple[str, ...] = ("mw",) + SUITES
 
@@ -23,7 +24,12 @@ def action_dim(benchmark: str) -> int:
 
 
 def resolve_tasks(benchmark: str, names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Command-line task names of a benchmark ('all' = all its tasks), each checked."""
+    """Command-line task names of a benchmark ('all' = all its tasks), each checked; a task named
+    twice is refused (its episodes would run twice and count twice in the summary)."""
+    repeated = sorted({name for name in names if list(names).count(name) > 1})
+    if repeated:
+        raise UsageError(f"--tasks names {', '.join(repeated)} more than once; each task runs once "
+                         "(--episodes sets how many episodes per task)")
     if is_libero(benchmark):
         from heisd.benchmarks.libero import resolve_tasks as libero_tasks
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
 HELP = ("Record demonstrations as HDF5: scripted experts (mw; libero_object in LIBERO's own layout; successful "
         "episodes only), or the target's own closed-loop rollouts (--policy DIR, every episode) for a "
         "self-datastore or, with --expert-labels, DAgger.")

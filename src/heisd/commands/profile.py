@@ -10,6 +10,7 @@ from pathlib import Path
 from heisd.storage import OutputKind, check_output, write_json
 from heisd.storage.guard import json_file_with
 
+LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
 HELP = "Measure the per-piece cost of a target (or a random OpenVLA-7B) on this device."
 PROFILE = OutputKind("profile", json_file_with("target", "device", "versions"))
 

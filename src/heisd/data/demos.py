@@ -161,19 +161,26 @@ def _target_policy(directory: str, benchmark: str):
     (heisd's own conventions: an OpenVLA checkpoint needs the protocol's 256 px frames, not these)."""
     import torch
 
-    from heisd.benchmarks.registry import action_dim
-    from heisd.errors import UsageError
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
     from heisd.targets import load_target
 
     torch.set_num_threads(1)  # one simulator + one model per process
     target = load_target(directory)
+    check_recordable(target, directory, benchmark, "--policy")
+    return VLAPolicy(target, build_decoders(MethodConfig("ar"), target))
+
+
+def check_recordable(target, directory: str | Path, benchmark: str, flag: str) -> None:
+    """Rollouts are recorded for heisd's own targets acting in `benchmark`; `flag` names where the
+    target came from in the message (`--policy` for demos, `--init` for dagger)."""
+    from heisd.benchmarks.registry import action_dim
+    from heisd.errors import UsageError
+
     if target.spec.action_dim != action_dim(benchmark) or target.spec.protocol != "raw":
-        raise UsageError(f"--policy {directory}: a target with {target.spec.action_dim}-D actions and the "
+        raise UsageError(f"{flag} {directory}: a target with {target.spec.action_dim}-D actions and the "
                          f"{target.spec.protocol!r} protocol cannot be recorded in {benchmark} (it takes "
                          f"{action_dim(benchmark)}-D actions; rollouts are recorded for heisd's own targets)")
-    return VLAPolicy(target, build_decoders(MethodConfig("ar"), target))
 
 
 def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True,

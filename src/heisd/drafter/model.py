@@ -181,8 +181,15 @@ class Drafter(nn.Module):
             if not path.is_file():
                 raise DrafterError(f"no drafter file {path}")
         try:
-            config = DrafterConfig.from_dict(json.loads(config_path.read_text()))
-        except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as e:
+            raw = json.loads(config_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DrafterError(f"corrupt {config_path}: {e}") from e
+        if isinstance(raw, dict) and ("chunk" in raw or "model_type" in raw):  # a target's config.json
+            raise DrafterError(f"{directory} is a target checkpoint, not a drafter: pass it as --target; "
+                               "--drafter takes a directory made by heisd train-drafter")
+        try:
+            config = DrafterConfig.from_dict(raw)
+        except (TypeError, ValueError) as e:
             raise DrafterError(f"corrupt {config_path}: {e}") from e
         problems = config.check_target(target)
         if problems:
@@ -191,7 +198,8 @@ class Drafter(nn.Module):
             msg = (f"{config_path}: drafter trained against target {config.target_fingerprint}, "
                    f"bound to target {target.fingerprint}")
             if not allow_fingerprint_mismatch:
-                raise DrafterError(msg + " (pass allow_fingerprint_mismatch=True to use it anyway)")
+                raise DrafterError(msg + ": its drafts would be tuned to other weights; train one for this target "
+                                   "(heisd train-drafter --target DIR) or pass the drafter made for it as --drafter")
             warnings.warn(msg, stacklevel=2)
         drafter = cls(config, target)
         try:

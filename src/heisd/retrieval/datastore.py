@@ -13,6 +13,7 @@ Build with `DatastoreWriter` (append batches, then `finalize(dir)`); read with
 from __future__ import annotations
 
 import datetime
+import json
 import platform
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -83,7 +84,7 @@ class DatastoreWriter:
                  overwrite: bool = False) -> Path:
         """Build every index and write the directory (see the module docstring); returns it.
         `extras` seeds the manifest's free dict (calibrated thresholds, kinematic stats).
-        `overwrite` replaces an existing datastore (never anything else), holding its lock."""
+        `overwrite` replaces an existing datastore's files (never anything else), holding its lock."""
         out_dir = Path(out_dir)
         replace = check_output(out_dir, DATASTORE, overwrite)
         buf = self._buffer
@@ -95,41 +96,57 @@ class DatastoreWriter:
         if empty:
             raise DatastoreError(out_dir, f"refusing to write empty collections for tasks {empty}")
         arrays = buf.arrays()
-        with directory_lock(out_dir) if replace else nullcontext(), atomic_directory(out_dir, replace) as tmp:
-            files: dict[str, dict[str, Any]] = {}
-
-            def save_array(name: str, array: np.ndarray) -> None:
-                np.save(tmp / name, array)
-                files[name] = file_record(tmp / name)
-
-            def save_index(name: str, keys: np.ndarray) -> str:
-                index = build_index(keys, self.index_config)
-                faiss.write_index(index, str(tmp / name))
-                files[name] = file_record(tmp / name)
-                return index_kind(index)
-
-            for field in PAYLOAD_FIELDS:
-                save_array(f"{field}.npy", arrays[field])
-            collections = {GLOBAL_COLLECTION: {
-                "count": buf.n_entries, "index": "index_global.faiss", "ids": None,
-                "kind": save_index("index_global.faiss", arrays["keys"])}}
-            for t, name in enumerate(buf.tasks):
-                ids = np.flatnonzero(arrays["task_id"] == t).astype(np.int64)
-                save_array(f"ids_task{t}.npy", ids)
-                collections[name] = {
-                    "count": int(len(ids)), "index": f"index_task{t}.faiss",
-                    "ids": f"ids_task{t}.npy",
-                    "kind": save_index(f"index_task{t}.faiss", arrays["keys"][ids])}
-            manifest = {
-                "format_version": FORMAT_VERSION, "target_fingerprint": self.target_fingerprint,
-                "key_dim": buf.key_dim, "hidden_dim": buf.hidden_dim, "n_tokens": buf.n_tokens,
-                "n_sequences": buf.n_sequences, "metric": METRIC, "n_entries": buf.n_entries,
-                "tasks": list(buf.tasks), "collections": collections, "files": files,
-                "index_config": asdict(self.index_config), "extras": dict(extras or {}),
-                "created": _creation_info(),
-            }
-            write_json(tmp / MANIFEST, manifest, sort_keys=True)
+        with directory_lock(out_dir) if replace else nullcontext():
+            old = _own_files(out_dir) if replace else None  # read under the lock: a user's other files stay
+            with atomic_directory(out_dir, old, last=MANIFEST) as tmp:
+                self._write(tmp, buf, arrays, extras)
         return out_dir
+
+    def _write(self, tmp: Path, buf: EntryBuffer, arrays: dict[str, np.ndarray],
+               extras: dict[str, Any] | None) -> None:
+        files: dict[str, dict[str, Any]] = {}
+
+        def save_array(name: str, array: np.ndarray) -> None:
+            np.save(tmp / name, array)
+            files[name] = file_record(tmp / name)
+
+        def save_index(name: str, keys: np.ndarray) -> str:
+            index = build_index(keys, self.index_config)
+            faiss.write_index(index, str(tmp / name))
+            files[name] = file_record(tmp / name)
+            return index_kind(index)
+
+        for field in PAYLOAD_FIELDS:
+            save_array(f"{field}.npy", arrays[field])
+        collections = {GLOBAL_COLLECTION: {
+            "count": buf.n_entries, "index": "index_global.faiss", "ids": None,
+            "kind": save_index("index_global.faiss", arrays["keys"])}}
+        for t, name in enumerate(buf.tasks):
+            ids = np.flatnonzero(arrays["task_id"] == t).astype(np.int64)
+            save_array(f"ids_task{t}.npy", ids)
+            collections[name] = {
+                "count": int(len(ids)), "index": f"index_task{t}.faiss",
+                "ids": f"ids_task{t}.npy",
+                "kind": save_index(f"index_task{t}.faiss", arrays["keys"][ids])}
+        manifest = {
+            "format_version": FORMAT_VERSION, "target_fingerprint": self.target_fingerprint,
+            "key_dim": buf.key_dim, "hidden_dim": buf.hidden_dim, "n_tokens": buf.n_tokens,
+            "n_sequences": buf.n_sequences, "metric": METRIC, "n_entries": buf.n_entries,
+            "tasks": list(buf.tasks), "collections": collections, "files": files,
+            "index_config": asdict(self.index_config), "extras": dict(extras or {}),
+            "created": _creation_info(),
+        }
+        write_json(tmp / MANIFEST, manifest, sort_keys=True)
+
+
+def _own_files(root: Path) -> list[str]:
+    """The files a datastore at `root` consists of: its manifest and the files it lists."""
+    try:
+        files = [str(name) for name in json.loads((root / MANIFEST).read_text())["files"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DatastoreError(root / MANIFEST, f"cannot tell which files the datastore there owns ({err}); "
+                             "nothing was replaced: move it away or choose another --out") from err
+    return [MANIFEST, *files]
 
 
 def _creation_info() -> dict[str, str]:

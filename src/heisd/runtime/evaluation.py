@@ -23,7 +23,7 @@ from heisd.runtime import run_thresholds
 from heisd.runtime.metrics import episode_steps, summarize
 from heisd.runtime.policy import VLAPolicy
 from heisd.runtime.runinfo import EVAL_RUN, check_run
-from heisd.storage import directory_lock, refuse_foreign, write_json, write_text
+from heisd.storage import directory_lock, refuse_foreign, strict_json, write_json, write_text
 
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -123,7 +123,7 @@ class EvalRun:
         if skips:
             line[run_thresholds.LINE_KEY] = run_thresholds.snapshot(skips)
         with open(self.out / EPISODES_FILE, "a") as log:
-            log.write(json.dumps(line) + "\n")
+            log.write(strict_json(line) + "\n")
             log.flush()
             os.fsync(log.fileno())
         self.done.append(line)

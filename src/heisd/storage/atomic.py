@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import shutil
 import signal
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 from heisd.errors import OutputError
 
@@ -86,8 +87,24 @@ def write_text(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def strict_json(data: Any, **kwargs: Any) -> str:
+    """JSON text without NaN/Infinity literals, which are not JSON (strict parsers, `jq` and
+    browsers refuse the file): an undefined number, such as a mean over no frames, is null."""
+    return json.dumps(_finite(data), allow_nan=False, **kwargs)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def write_json(path: Path, data: Any, sort_keys: bool = False) -> None:
-    write_text(path, json.dumps(data, indent=2, sort_keys=sort_keys) + "\n")
+    write_text(path, strict_json(data, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def _fsync_tree(root: Path) -> None:
@@ -98,12 +115,15 @@ def _fsync_tree(root: Path) -> None:
 
 
 @contextmanager
-def atomic_directory(path: Path, replace: bool = False) -> Iterator[Path]:
+def atomic_directory(path: Path, replace: Collection[str] | None = None, last: str | None = None) -> Iterator[Path]:
     """A hidden temporary sibling to build directory `path` in; on success it becomes `path`.
 
-    `replace`: an existing `path` is swapped out for the new one (whether it may be is the
-    caller's decision, see `heisd.storage.guard`). Without it, a `path` that appeared while
-    building is an error and stays untouched. On any exception the temporary is removed.
+    `replace`: the file names of heisd's existing output at `path` (whether it may be replaced is
+    the caller's decision, see `heisd.storage.guard`). They are removed and the new files moved in;
+    any other file there (a user's notes) stays. `last` (a manifest) is removed first and moved in
+    last, so a reader finds either no output or the whole new one. Without `replace`, a `path`
+    that appeared while building is an error and stays untouched. On any exception the temporary
+    is removed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,16 +133,8 @@ def atomic_directory(path: Path, replace: bool = False) -> Iterator[Path]:
         yield tmp
         _fsync_tree(tmp)
         with signals_deferred():
-            if replace and path.exists():
-                # a non-empty directory cannot be replaced in one rename: move the old one aside first
-                old = temp_sibling(path, "old")
-                os.rename(path, old)
-                try:
-                    os.rename(tmp, path)
-                except BaseException:
-                    os.rename(old, path)
-                    raise
-                _remove(old)
+            if replace is not None and path.is_dir():
+                _install_into(tmp, path, replace, last)
             else:
                 try:
                     os.rename(tmp, path)
@@ -134,3 +146,17 @@ def atomic_directory(path: Path, replace: bool = False) -> Iterator[Path]:
     finally:
         _remove(tmp)
     fsync_path(path.parent)
+
+
+def _install_into(staged: Path, path: Path, old: Collection[str], last: str | None) -> None:
+    """Swap heisd's files `old` in `path` for every entry of `staged`, `last` out first and in last."""
+    for name in old:
+        if Path(name).name != name or name in ("", ".", ".."):  # names come from a manifest on disk
+            raise OutputError(f"{path}: refusing to remove {name!r}, which is not a plain file name of the output")
+    ordered = sorted(old, key=lambda name: name != last)
+    for name in ordered:
+        _remove(path / name)
+    new = sorted((entry.name for entry in staged.iterdir()), key=lambda name: name == last)
+    for name in new:
+        os.replace(staged / name, path / name)
+    fsync_path(path)

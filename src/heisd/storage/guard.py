@@ -41,10 +41,21 @@ def json_file_with(*keys: str) -> Callable[[Path], bool]:
     return recognize
 
 
-def json_with(name: str, *keys: str) -> Callable[[Path], bool]:
-    """Recognize a directory by a JSON object file `name` holding all of `keys`."""
-    file_test = json_file_with(*keys)
-    return lambda path: file_test(path / name)
+@dataclass(frozen=True)
+class json_with:  # noqa: N801 (used like the other recognizers, which are functions)
+    """Recognize a directory by a JSON object file `name` holding all of `keys`. `name` is the
+    directory's marker: when it is there but unreadable, the error says so instead of calling
+    the directory foreign."""
+
+    marker: str
+    keys: tuple[str, ...]
+
+    def __init__(self, name: str, *keys: str) -> None:
+        object.__setattr__(self, "marker", name)
+        object.__setattr__(self, "keys", keys)
+
+    def __call__(self, path: Path) -> bool:
+        return json_file_with(*self.keys)(path / self.marker)
 
 
 def hdf5_with_attr(group: str, attr: str) -> Callable[[Path], bool]:
@@ -80,6 +91,11 @@ def check_output(path: Path, kind: OutputKind, overwrite: bool, resume_flag: str
     if is_free(path, kind):
         return False
     if not kind.recognize(path):
+        marker = getattr(kind.recognize, "marker", None)
+        if marker is not None and (path / marker).is_file():
+            raise OutputError(f"{path / marker} is corrupt or incomplete, so heisd cannot tell whether {path} holds "
+                              f"its {kind.noun}; nothing was touched: repair or remove that file, or choose another "
+                              "output path")
         raise OutputError(f"{path} exists and is not a heisd {kind.noun}; heisd never replaces it: "
                           "choose another output path or move it away")
     if not overwrite:

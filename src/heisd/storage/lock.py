@@ -1,6 +1,8 @@
-"""An exclusive lock on a directory heisd writes (an --out run folder, a datastore's manifest).
+"""An exclusive lock on an output heisd writes: a directory (an --out run folder, a datastore's
+manifest) or any output path as a whole (a demonstration file, a datastore being built).
 
-The lock is `flock` on `DIR/heisd.lock`, so the kernel drops it when its process dies: a crash
+A directory's lock is `flock` on `DIR/heisd.lock`; an output path's is `flock` on a hidden sibling
+`.NAME.lock`, so it exists before the output does. Either way the kernel drops it when its process dies: a crash
 never leaves a stale lock. The file holds the holder's pid and purpose for the error message and
 is removed on release. Re-entrant within one process (calibrate holds its datastore's lock and
 writes the manifest under the same lock).
@@ -21,7 +23,7 @@ from heisd.errors import OutputError
 LOCK_FILE = "heisd.lock"
 _POLL_S = 0.05  # between attempts while waiting for a lock
 
-_held: dict[Path, int] = {}  # resolved directory -> fd of each lock this process holds
+_held: dict[Path, int] = {}  # resolved lock file -> fd of each lock this process holds
 
 
 def _holder(fd: int) -> str:
@@ -31,7 +33,7 @@ def _holder(fd: int) -> str:
         return "unknown"
 
 
-def _acquire(path: Path, purpose: str, wait_s: float) -> int:
+def _acquire(path: Path, output: Path, purpose: str, wait_s: float) -> int:
     deadline = time.monotonic() + wait_s
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -41,7 +43,7 @@ def _acquire(path: Path, purpose: str, wait_s: float) -> int:
             holder = _holder(fd)
             os.close(fd)
             if time.monotonic() >= deadline:
-                raise OutputError(f"{path.parent} is in use by another heisd process ({holder}); "
+                raise OutputError(f"{output} is in use by another heisd process ({holder}); "
                                   "wait for it to finish or use another output") from None
             time.sleep(_POLL_S)
             continue
@@ -76,15 +78,30 @@ def directory_lock(directory: Path, purpose: str = "", wait_s: float = 0.0, crea
     directory = Path(directory)
     if create:
         directory.mkdir(parents=True, exist_ok=True)
-    key = directory.resolve()
+    with _locked(directory / LOCK_FILE, directory, purpose, wait_s):
+        yield
+
+
+@contextmanager
+def output_lock(path: Path, purpose: str = "", wait_s: float = 0.0) -> Iterator[None]:
+    """Hold the exclusive lock of output `path` (a file or a directory, existing or not) for the
+    block: one writer at a time. Same waiting and messages as `directory_lock`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.parent / f".{path.name}.lock", path, purpose, wait_s):
+        yield
+
+
+@contextmanager
+def _locked(lock: Path, output: Path, purpose: str, wait_s: float) -> Iterator[None]:
+    key = lock.resolve()
     if key in _held:  # the outer holder releases it
         yield
         return
-    path = directory / LOCK_FILE
-    fd = _acquire(path, purpose or " ".join(["heisd", *sys.argv[1:]]), wait_s)
+    fd = _acquire(lock, output, purpose or " ".join(["heisd", *sys.argv[1:]]), wait_s)
     _held[key] = fd
     try:
         yield
     finally:
         del _held[key]
-        _release(path, fd)
+        _release(lock, fd)

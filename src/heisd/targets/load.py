@@ -18,6 +18,9 @@ def checkpoint_kind(directory: str | Path) -> str:
     path = Path(directory) / "config.json"
     config = read_json(path, missing=f"no config.json in {directory}: not a target checkpoint directory")
     kind = config.get("model_type")
+    if kind is None and "target_fingerprint" in config and "chunk" not in config:
+        raise CheckpointError(f"{directory} is a drafter (made by heisd train-drafter), not a target: "
+                              "pass it as --drafter, and the target it was trained for as --target")
     if kind is None:
         return SMALL_VLA
     if kind == OPENVLA:

@@ -26,13 +26,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from heisd.errors import ConfigError, InputError, OutputError
-from heisd.storage import OutputKind, check_output, directory_lock, write_json
+from heisd.errors import ConfigError, OutputError
+from heisd.storage import OutputKind, check_output, directory_lock, refuse_foreign, strict_json, write_json
 from heisd.storage.guard import json_with
 
 CONFIG_FILE = "dagger.json"
 LOG_FILE = "dagger_log.jsonl"
-DAGGER_RUN = OutputKind("DAgger run", json_with(CONFIG_FILE, "rounds"))
+DAGGER_RUN = OutputKind("DAgger run", json_with(CONFIG_FILE, "init", "demos"))  # "rounds" is not saved (RESOURCES)
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
     """Run (or resume) every round; return the last round's checkpoint directory."""
     out = Path(out)
     saved = out / CONFIG_FILE
+    refuse_foreign(out, DAGGER_RUN)  # also names a corrupt dagger.json before it is read
     before, now = (json.loads(saved.read_text()) if saved.is_file() else None), _jsonable(cfg)
     if before is not None:
         before.setdefault("benchmark", "mw")  # runs saved before LIBERO had DAgger
@@ -96,7 +97,7 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
                           "settings to resume it, or pass --overwrite to start over")
     if not resuming:
         check_output(out, DAGGER_RUN, overwrite)
-    _chunk(Path(cfg.init))  # a wrong --init is refused before anything is written
+    _check_init(cfg)  # a wrong --init is refused before anything is written
     clash = demo_seeds(cfg.demos) & {cfg.round_seed(r) for r in range(1, cfg.rounds + 1)}
     if clash:
         raise ConfigError(f"DAgger seeds {sorted(clash)} were used by the demonstrations: pick another --seed")
@@ -188,13 +189,18 @@ def rollout_success(paths: list[Path]) -> dict[str, float]:
     return {t: sum(v) / len(v) for t, v in sorted(wins.items())}
 
 
-def _chunk(checkpoint: Path) -> int:
-    from heisd.vla.checkpoint import CONFIG_FILE as VLA_CONFIG
+def _check_init(cfg: DaggerConfig) -> None:
+    """--init must be a heisd VLA that acts in the benchmark (DAgger fine-tunes it on its own rollouts)."""
+    from heisd.data.demos import check_recordable
+    from heisd.targets import load_target
 
-    config = checkpoint / VLA_CONFIG
-    if not config.is_file():
-        raise InputError(f"{checkpoint}: not a VLA checkpoint (no {VLA_CONFIG})")
-    return int(json.loads(config.read_text())["chunk"])
+    check_recordable(load_target(cfg.init), cfg.init, cfg.benchmark, "--init")
+
+
+def _chunk(checkpoint: Path) -> int:
+    from heisd.vla.checkpoint import CONFIG_FILE as VLA_CONFIG, read_json
+
+    return int(read_json(checkpoint / VLA_CONFIG, missing=f"{checkpoint}: not a VLA checkpoint (no {VLA_CONFIG})")["chunk"])
 
 
 def _remove_round(folder: Path) -> None:
@@ -206,7 +212,7 @@ def _remove_round(folder: Path) -> None:
 
 def _log(out: Path, record: dict) -> None:
     with open(out / LOG_FILE, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(strict_json(record) + "\n")
 
 
 # how fast a run goes, and how far: a resume may change them (a round's data and training do not depend on them)

@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from heisd.data.dataset import compute_action_stats
 from heisd.errors import InputError, UsageError
-from heisd.storage import OutputKind, atomic_file, check_output, clear_output, directory_lock, write_json, write_text
+from heisd.storage import (OutputKind, atomic_file, check_output, clear_output, directory_lock, strict_json,
+                           write_json, write_text)
 from heisd.storage.guard import has_file, json_with
 from heisd.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
 from heisd.vla.frames import EpochSampler, Frames, build_frames, read_episodes
@@ -275,7 +276,7 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
             if val_frames is not None:
                 metrics.update(evaluate(model, val_frames, cfg.max_val_frames))
             with open(out / LOG_FILE, "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+                f.write(strict_json(metrics) + "\n")
             bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
             loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
         if step % cfg.save_every == 0 or step == cfg.steps:
