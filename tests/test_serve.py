@@ -223,6 +223,20 @@ def test_malformed_requests_get_their_status(server):
         (_image_payload(ok, reset="yes", episode_id="x"), 422, "reset: expected true or false"),
         ({"encoded": json_numpy.dumps(_image_payload(ok)), "instruction": REACH}, 422, "carries nothing else"),
         (b"x" * (300 << 10), 413, "exceeds 262144"),
+        # structure: nesting beyond the JSON decoder's depth, and values of the wrong kind
+        (b"[" * 20_000 + b"]" * 20_000, 400, "request body: JSON nested too deeply"),
+        (b'{"a":' * 20_000 + b"1" + b"}" * 20_000, 400, "request body: JSON nested too deeply"),
+        (json.dumps({**good, "proprio": "@"}).replace('"@"', "[" * 20_000 + "]" * 20_000), 400,
+         "request body: JSON nested too deeply"),
+        (json.dumps({"encoded": "[" * 20_000 + "]" * 20_000}), 400, "'encoded': JSON nested too deeply"),
+        (json.dumps({**good, "proprio": {"x": [1.0] * 7}}), 422, "proprio: expected a json-numpy array"),
+        (json.dumps({**good, "proprio": [0.0] * 7}), 422, "proprio: expected a json-numpy array"),
+        (json.dumps({**good, "image": {**good["image"], "shape": {"h": 16}}}), 400, "image: undecodable"),
+        (json.dumps({**good, "image": {**good["image"], "dtype": ["uint8"]}}), 400, "image: undecodable"),
+        (json.dumps({**good, "instruction": ["reach"]}), 422, "instruction: expected a string, got list"),
+        (json.dumps({**good, "reset": [[0] * 5000], "episode_id": "x"}), 422,
+         "reset: expected true or false, got an array"),
+        (json.dumps({"encoded": json.dumps([good])}), 422, "'encoded': expected a JSON object, got list"),
     ]
     for payload, status, message in cases:
         response = post(server.url, payload)
@@ -231,6 +245,11 @@ def test_malformed_requests_get_their_status(server):
     chunked = requests.post(f"{server.url}/act", data=iter([b"x" * (100 << 10)] * 3))  # no Content-Length
     assert chunked.status_code == 413 and "exceeds 262144" in chunked.json()["error"]
     assert post(server.url, {"episode_id": "x", "success": 1}, "/end").status_code == 422
+    for body, status, message in [(b"[" * 20_000 + b"]" * 20_000, 400, "nested too deeply"),
+                                  (b'[{"episode_id": "x"}]', 422, "expected a JSON object, got list"),
+                                  (b'{"episode_id": {"id": "x"}}', 422, "episode_id: expected a string, got dict")]:
+        response = post(server.url, body, "/end")
+        assert response.status_code == status and message in response.json()["error"], response.text
     assert post(server.url, _image_payload(ok)).status_code == 200  # the server is fine afterwards
 
 
@@ -379,3 +398,50 @@ def test_eval_through_the_server_equals_in_process(built):
     assert (tmp / "ds_local" / "manifest.json").read_bytes() == (tmp / "ds_served" / "manifest.json").read_bytes() \
         == original  # read-only at run time, served or not
 
+
+
+# ----- an OpenVLA checkpoint -----
+
+def test_openvla_server_takes_the_checkpoints_own_unnorm_keys(tiny_openvla_dir, tiny_openvla):
+    """No benchmark given: the LIBERO suite its unnorm key names. /info advertises the checkpoint's
+    norm_stats keys (the loaded one first); a request naming another gets the same tokens de-normalized
+    with that key's statistics, as a target loaded with that key acts."""
+    from heisd.targets.openvla import load_openvla
+
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    with serve(tiny_openvla, MethodConfig("ar"), target=str(tiny_openvla_dir)) as s:
+        info = PolicyClient(s.url).info()
+        assert info["unnorm_keys"] == ["libero_spatial_no_noops", "bridge_orig"]
+        assert info["benchmark"] == "libero_spatial" and info["target"]["protocol"] == "openvla"
+        assert len(info["tasks"]) == 10  # the suite's task registry
+        task, instruction = next(iter(info["tasks"].items()))
+        replies = {}
+        for key in (None, "libero_spatial", "libero_spatial_no_noops", "bridge_orig", "mw"):
+            response = post(s.url, {"image": image, "instruction": instruction,
+                                    **({} if key is None else {"unnorm_key": key})})
+            replies[key] = response.json() if response.status_code != 200 else json_numpy.loads(response.text)
+    expected = {}
+    for key, target in (("libero_spatial", tiny_openvla),
+                        ("bridge_orig", load_openvla(tiny_openvla_dir, unnorm_key="bridge_orig"))):
+        policy = fresh_policy(target, MethodConfig("ar"))
+        policy.reset(instruction, task)
+        expected[key], _ = policy.act(image, np.zeros(0, np.float32))
+    assert not np.allclose(expected["libero_spatial"], expected["bridge_orig"])
+    for key in (None, "libero_spatial", "libero_spatial_no_noops"):
+        np.testing.assert_array_equal(replies[key], expected["libero_spatial"])
+    np.testing.assert_array_equal(replies["bridge_orig"], expected["bridge_orig"])
+    assert replies["mw"]["error"] == "unnorm_key: unknown 'mw'; this target has libero_spatial_no_noops, bridge_orig"
+
+
+def test_a_benchmark_the_target_cannot_act_in_is_refused_at_startup(tiny_openvla_dir, tiny_openvla, capsys):
+    from heisd.cli import main
+    from heisd.errors import UsageError
+
+    with pytest.raises(UsageError, match="--target's actions have 7 dims, --benchmark mw takes 4"):
+        make_service(tiny_openvla, MethodConfig("ar"), CONFIG, "openvla", benchmark="mw")
+    with pytest.raises(UsageError, match="--target's actions have 4 dims, --benchmark libero_object takes 7"):
+        make_service(tiny_vla(), MethodConfig("ar"), CONFIG, "vla", benchmark="libero_object")
+    assert main(["serve", "--target", str(tiny_openvla_dir), "--unnorm-key", "libero_spatial", "--benchmark", "mw",
+                 "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "heisd serve: error: --target's actions have 7 dims, --benchmark mw takes 4"

@@ -31,3 +31,8 @@ class OutputError(HeisdError):
 
 class ConfigError(HeisdError, ValueError):
     """A stored configuration field has the wrong type or value; the message names the field."""
+
+
+class NonFiniteError(HeisdError):
+    """A model computed NaN or inf at run time (weights poisoned after loading, or a dtype that
+    overflows); the message says in which pass and control step."""

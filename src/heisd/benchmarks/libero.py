@@ -65,6 +65,12 @@ def suite_tasks(suite: str) -> tuple[str, ...]:
     return tuple(_suite(suite).get_task_names())
 
 
+def suite_instructions(suite: str) -> dict[str, str]:
+    """Task name -> language instruction, in LIBERO's order (read from the suite, no simulator built)."""
+    s = _suite(suite)
+    return {task.name: task.language for task in (s.get_task(i) for i in range(s.get_num_tasks()))}
+
+
 def resolve_tasks(suite: str, names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """Command-line task names ('all' = the whole suite), each checked against the suite."""
     known = suite_tasks(suite)

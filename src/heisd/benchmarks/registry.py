@@ -23,6 +23,27 @@ def action_dim(benchmark: str) -> int:
     return ACTION_DIM
 
 
+def check_target(benchmark: str, spec) -> None:
+    """Refuse a target (its `TargetSpec`) that cannot act in `benchmark`: its actions must have the
+    dims the benchmark's robot takes, and a target with OpenVLA's conventions runs on LIBERO only."""
+    dims, takes = spec.action_dim, action_dim(benchmark)
+    if dims != takes:
+        raise UsageError(f"--target's actions have {dims} dims, --benchmark {benchmark} takes {takes}")
+    if spec.protocol == "openvla" and not is_libero(benchmark):
+        raise UsageError(f"--target follows OpenVLA's LIBERO protocol; --benchmark {benchmark} has none")
+
+
+def task_instructions(benchmark: str) -> dict[str, str]:
+    """Task name -> language instruction, for every task of the benchmark."""
+    if is_libero(benchmark):
+        from heisd.benchmarks.libero import suite_instructions
+
+        return suite_instructions(benchmark)
+    from heisd.benchmarks.mw import TASKS
+
+    return {name: task.instruction for name, task in TASKS.items()}
+
+
 def resolve_tasks(benchmark: str, names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """Command-line task names of a benchmark ('all' = all its tasks), each checked; a task named
     twice is refused (its episodes would run twice and count twice in the summary)."""

@@ -83,14 +83,16 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
 
 
-def add_method_arguments(p: argparse.ArgumentParser, method: bool = True) -> None:
+def add_method_arguments(p: argparse.ArgumentParser, method: bool = True, benchmark: str | None = "mw",
+                         benchmark_help: str = "") -> None:
+    """`benchmark`: --benchmark's default (None: the command finds it, `benchmark_help` says how)."""
     from heisd.benchmarks.registry import BENCHMARKS
     from heisd.runtime.methods import METHODS, MethodConfig, default_of
 
     if method:
         p.add_argument("--method", default="ar", choices=METHODS, help="decoding method")
-    p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
-                   help="benchmark: mw (embedded) or a LIBERO suite (needs the libero extra)")
+    p.add_argument("--benchmark", default=benchmark, choices=BENCHMARKS,
+                   help="benchmark: mw (embedded) or a LIBERO suite (needs the libero extra)" + benchmark_help)
     add_target_arguments(p, default=SHIPPED)
     p.add_argument("--datastore", default=None, help="datastore directory (retrieval, heisd)")
     p.add_argument("--relaxed-r", type=int, default=default_of(MethodConfig, "relaxed_r"),
@@ -150,7 +152,7 @@ def shipped_target(args: argparse.Namespace) -> None:
 
     if getattr(args, "target", None) != SHIPPED:
         return
-    benchmark = getattr(args, "benchmark", "mw")
+    benchmark = getattr(args, "benchmark", None) or "mw"  # None: a command that reads it from the target
     if benchmark not in SHIPPED_TARGETS:
         raise UsageError(f"no target is shipped for --benchmark {benchmark}: give --target (shipped ones: "
                          + ", ".join(f"{b} {path}" for b, path in SHIPPED_TARGETS.items()) + ")")
@@ -212,14 +214,9 @@ def check_demos_camera(target: str, demos) -> None:
 def check_closed_loop(args: argparse.Namespace, target) -> None:
     """A closed-loop run (eval, bench) needs a target whose actions the benchmark's robot takes; a
     target with OpenVLA's conventions runs on LIBERO with OpenVLA's protocol (`TargetSpec.protocol`)."""
-    from heisd.benchmarks.registry import action_dim, is_libero
-    from heisd.errors import UsageError
+    from heisd.benchmarks.registry import check_target
 
-    dims, takes = target.spec.action_dim, action_dim(args.benchmark)
-    if dims != takes:
-        raise UsageError(f"--target's actions have {dims} dims, --benchmark {args.benchmark} takes {takes}")
-    if target.spec.protocol == "openvla" and not is_libero(args.benchmark):
-        raise UsageError(f"--target follows OpenVLA's LIBERO protocol; --benchmark {args.benchmark} has none")
+    check_target(args.benchmark, target.spec)
 
 
 def load_policy(args: argparse.Namespace, cfg):

@@ -13,7 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.serving.sessions import SessionLimits
     from heisd.serving.wire import WireLimits
 
-    add_method_arguments(p)
+    add_method_arguments(p, benchmark=None, benchmark_help=(
+        " whose tasks requests may name; None: the target's own (mw for a heisd VLA; for OpenVLA the LIBERO "
+        "suite its --unnorm-key names, else no benchmark)"))
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the URL is printed)")
     p.add_argument("--queue-size", type=int, default=ServeConfig.queue_size,
@@ -49,10 +51,6 @@ def run(args: argparse.Namespace) -> int:
     from heisd.commands.common import load_target, method_config
     from heisd.serving.launch import listen, make_service, url_of, uvicorn_server
 
-    from heisd.errors import UsageError
-
-    if args.benchmark != "mw":  # the served task registry is mw's; LIBERO serving is not wired yet
-        raise UsageError(f"serve --benchmark {args.benchmark}: only mw is served so far")
     config = serve_config(args)
     method = method_config(args)
     service, info = make_service(load_target(args), method, config, args.target, args.benchmark)

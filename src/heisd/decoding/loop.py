@@ -141,7 +141,7 @@ class SpeculativeDecoder:
             timing.draft_ms = (self._now() - start) * 1e3
             return DecodeResult(list(early), 0, [], n, 0, timing, self.proposer.end_step())
         t = self._now()
-        pre = self.verifier.prefill(prefix_embeds)
+        pre = self.verifier.prefill(prefix_embeds, "target pass 1 (prefill)")
         timing.prefill_ms = (self._now() - t) * 1e3
         timing.draft_ms = (t - start) * 1e3  # a prefill skip that did not fire
         emitted = [pre.token]
@@ -167,7 +167,7 @@ class SpeculativeDecoder:
                 last_next = last_tree = None
                 continue
             t = self._now()
-            verification = self.verifier.verify(pre.cache, pending, tree)
+            verification = self.verifier.verify(pre.cache, pending, tree, f"target pass {forwards + 1} (verify)")
             timing.verify_ms += (self._now() - t) * 1e3
             forwards += 1
             acc = self.acceptance.select(tree, verification.tree_next, len(emitted), self.vocab)

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from heisd.decoding.tree import DraftTree
+from heisd.errors import NonFiniteError
 
 
 @dataclass
@@ -53,17 +54,19 @@ class Verifier:
         return self.model.device
 
     @torch.no_grad()
-    def prefill(self, prefix_embeds: torch.Tensor) -> Prefill:
+    def prefill(self, prefix_embeds: torch.Tensor, label: str = "its prefill pass") -> Prefill:
+        """`label` names the pass in the error raised when its logits are not finite."""
         if prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != 1:
             raise ValueError(f"prefix_embeds must be [1, P, d], got {tuple(prefix_embeds.shape)}")
         cache = DynamicCache(config=self.model.config)
         out = self.decoder(inputs_embeds=prefix_embeds, cache=cache, use_cache=True)
         hidden = out.last_hidden_state[0, -1]
-        token = int(self.lm_head(hidden).argmax())
+        token = int(self._greedy(self.lm_head(hidden), label))
         return Prefill(cache=cache, token=token, hidden=hidden)
 
     @torch.no_grad()
-    def verify(self, cache: DynamicCache, roots: int | Sequence[int], tree: DraftTree) -> Verification:
+    def verify(self, cache: DynamicCache, roots: int | Sequence[int], tree: DraftTree,
+               label: str = "a verify pass") -> Verification:
         """ONE target forward over [roots, tree nodes] on top of ``cache`` (which it extends)."""
         roots = [roots] if isinstance(roots, int) else list(roots)
         if not roots:
@@ -80,7 +83,24 @@ class Verifier:
             use_cache=True,
         )
         hidden = out.last_hidden_state[0]
-        return Verification(past_len, n_roots, self.lm_head(hidden).argmax(-1).cpu(), hidden)
+        return Verification(past_len, n_roots, self._greedy(self.lm_head(hidden), label), hidden)
+
+    @staticmethod
+    def _greedy(logits: torch.Tensor, label: str) -> torch.Tensor:
+        """argmax over the last dim, on the CPU; refused when a greedy token's logit is NaN or inf.
+
+        argmax picks a NaN or +inf wherever a row holds one, so checking the chosen logits
+        ([rows] values copied with the tokens, no extra pass over the vocabulary) catches every
+        row whose greedy token is garbage; NaN weights would otherwise decode to one
+        edge-of-range action every step.
+        """
+        tokens = logits.argmax(-1)
+        top = logits.gather(-1, tokens.unsqueeze(-1)).cpu()
+        tokens = tokens.cpu()
+        if not bool(torch.isfinite(top).all()):
+            raise NonFiniteError(f"the target produced non-finite logits (NaN/inf) in {label}: its weights "
+                                 "hold NaN/inf or its activations overflow the dtype (try --dtype float32)")
+        return tokens
 
     def _attention_mask(self, n_roots: int, tree: DraftTree, past_len: int) -> torch.Tensor:
         # Additive float mask (0 / finfo.min), shape (1, 1, q, past+q): transformers passes a

@@ -31,6 +31,7 @@ from heisd.config_types import check_types
 from heisd.decoding.vocab import ActionVocab
 from heisd.errors import HeisdError
 from heisd.targets.base import Target
+from heisd.vla.checkpoint import check_finite
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -211,5 +212,7 @@ class Drafter(nn.Module):
         if expected != found:
             diff = sorted(set(expected.items()) ^ set(found.items()))[:6]
             raise DrafterError(f"{weights_path} does not match {config_path}: differing tensors {diff}")
+        for key, tensor in weights.items():
+            check_finite(weights_path, key, tensor, DrafterError)
         drafter.load_state_dict(weights)
         return drafter.eval()

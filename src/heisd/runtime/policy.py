@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from heisd.errors import NonFiniteError
 from heisd.runtime.methods import Decoders
 
 
@@ -41,12 +42,14 @@ class VLAPolicy:
     _prompt: torch.Tensor | None = field(default=None, repr=False)
     _tracker: object | None = field(default=None, repr=False)
     _previous: list[int] | None = field(default=None, repr=False)  # the last step's action tokens
+    _step: int = field(default=0, repr=False)  # control steps of this episode so far (names a failing one)
 
     def reset(self, instruction: str, task: str | None = None) -> None:
         """New episode: encode the prompt once, forget per-episode decoder state."""
         self.instruction, self.task = instruction, task
         self._prompt = self.target.encode_prompt(instruction)
         self._previous = None
+        self._step = 0
         for decoder in self.decoders.by_mode.values():
             decoder.reset()
         switch = self.decoders.switch
@@ -88,7 +91,13 @@ class VLAPolicy:
         # proposers may read the previous action (Jacobi's warm start, the skips' gripper guard)
         context = {"key": key[0].float().cpu().numpy(), "task": self.task, "previous_action": self._previous}
         t1 = time.perf_counter()
-        result = self.decoders.by_mode[mode].decode(prefix, context)
+        step, self._step = self._step, self._step + 1
+        try:
+            if not np.isfinite(context["key"]).all():  # a prefill skip would act on it with no target pass
+                raise NonFiniteError("the target's vision pass produced a non-finite retrieval key (NaN/inf)")
+            result = self.decoders.by_mode[mode].decode(prefix, context)
+        except NonFiniteError as err:  # stop the episode here rather than emit a garbage action
+            raise NonFiniteError(f"control step {step} of the episode ({mode} mode): {err}") from err
         self._previous = list(result.tokens)
         if switch is not None:
             switch.observe(mode, metric, result)

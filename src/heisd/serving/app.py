@@ -62,8 +62,8 @@ def create_app(service: PolicyService, info: dict) -> FastAPI:
         async def handle() -> Response:
             t0 = time.perf_counter()
             req = parse_act(await _body(request, service.config.max_body_bytes), service.config.wire)
-            task = service.check(req)
-            done = await asyncio.wrap_future(service.worker.submit(lambda: service.step(req, task)))
+            task, unnorm_key = service.check(req)
+            done = await asyncio.wrap_future(service.worker.submit(lambda: service.step(req, task, unnorm_key)))
             actions, record = done.value
             body = encode_actions(actions, req.encoded)
             total_ms = (time.perf_counter() - t0) * 1e3

@@ -14,30 +14,66 @@ from heisd.serving.app import create_app
 from heisd.serving.service import PolicyService, ServeConfig, TargetFacts
 
 
-def make_service(target, method, config: ServeConfig, target_path: str, benchmark: str = "mw") -> tuple[PolicyService, dict]:
+def make_service(target, method, config: ServeConfig, target_path: str,
+                 benchmark: str | None = None) -> tuple[PolicyService, dict]:
     """A service for `target` decoded with `method` (a MethodConfig), and its /info document.
 
-    One policy is built here, so a wrong drafter or datastore fails at start-up, not at the
-    first request; it becomes the first pooled policy. Later policies share its datastore (one
-    index in memory, queried only by the model worker)."""
-    from heisd.benchmarks.mw import TASKS
+    `benchmark` (whose tasks requests may name) must be one the target can act in; None: the
+    target's own (`target_benchmark`). One policy is built here, so a wrong drafter or datastore
+    fails at start-up, not at the first request; it becomes the first pooled policy. Later
+    policies share its datastore (one index in memory, queried only by the model worker)."""
+    from heisd.benchmarks.registry import check_target, task_instructions
     from heisd.runtime.methods import build_decoders
     from heisd.runtime.policy import VLAPolicy
 
+    if benchmark is None:
+        benchmark = target_benchmark(target)
+    else:
+        check_target(benchmark, target.spec)
+    tasks = {} if benchmark is None else task_instructions(benchmark)
+    keys, codecs = _unnorm_keys(target, benchmark)
+    facts = TargetFacts(target.spec.state_dim, keys, tasks, codecs)
     first = VLAPolicy(target, build_decoders(method, target))
     datastore = None if first.decoders.retrieval is None else first.decoders.retrieval.datastore
 
     def make_policy() -> VLAPolicy:
         return VLAPolicy(target, build_decoders(method, target, datastore))
 
-    # the target's one set of action statistics is the benchmark's
-    facts = TargetFacts(target.spec.state_dim, (benchmark,), {name: t.instruction for name, t in TASKS.items()})
     service = PolicyService(make_policy, facts, config)
     service.sessions.give_back(first)
-    return service, _info(target, method, first, facts, config, target_path)
+    return service, _info(target, method, first, facts, config, target_path, benchmark)
 
 
-def _info(target, method, policy, facts: TargetFacts, config: ServeConfig, target_path: str) -> dict:
+def target_benchmark(target) -> str | None:
+    """The benchmark a server runs under when none is given: mw for a heisd VLA (whose actions must fit
+    it); for an OpenVLA target the LIBERO suite its unnorm key names (libero_spatial_no_noops ->
+    libero_spatial), else none (a robot of its own: no task registry)."""
+    from heisd.benchmarks.libero_protocol import SUITES
+    from heisd.benchmarks.mw import ACTION_DIM
+    from heisd.errors import UsageError
+
+    if target.spec.protocol == "openvla":
+        suite = target.unnorm_keys[0].removesuffix("_no_noops")
+        return suite if suite in SUITES else None
+    if target.spec.action_dim != ACTION_DIM:
+        raise UsageError(f"--target's actions have {target.spec.action_dim} dims, not mw's {ACTION_DIM}: "
+                         "give --benchmark, the LIBERO suite it acts in")
+    return "mw"
+
+
+def _unnorm_keys(target, benchmark: str | None) -> tuple[tuple[str, ...], dict]:
+    """(the unnorm keys requests may name, the codec of each but the first). OpenVLA: the checkpoint's
+    norm_stats keys whose actions have as many dims as the loaded one's (the decoded token count is
+    fixed at load); a heisd VLA has one set of statistics, named by its benchmark."""
+    if target.spec.protocol != "openvla":
+        return (benchmark,), {}
+    codecs = {key: target.action_codec(key) for key in target.unnorm_keys}
+    keys = tuple(k for k, codec in codecs.items() if codec.action_dim == target.spec.action_dim)
+    return keys, {k: codecs[k] for k in keys[1:]}
+
+
+def _info(target, method, policy, facts: TargetFacts, config: ServeConfig, target_path: str,
+          benchmark: str | None) -> dict:
     import fastapi
     import numpy
     import torch
@@ -49,7 +85,8 @@ def _info(target, method, policy, facts: TargetFacts, config: ServeConfig, targe
     return {
         "target": {"path": target_path, "fingerprint": target.fingerprint(),
                    "action_shape": [target.spec.chunk, target.spec.action_dim], "state_dim": facts.state_dim,
-                   "torch_threads": torch.get_num_threads()},
+                   "torch_threads": torch.get_num_threads(), "protocol": target.spec.protocol},
+        "benchmark": benchmark,
         "method": method.label,
         "method_config": asdict(method),
         "datastore": datastore,

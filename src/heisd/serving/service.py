@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from heisd.serving.sessions import SessionLimits, SessionStore
+from heisd.targets.base import ActionCodec, resolve_unnorm_key
 from heisd.serving.wire import ActRequest, WireError, WireLimits
 from heisd.serving.worker import ModelWorker
 
@@ -26,8 +27,16 @@ class TargetFacts:
     """What requests are checked against."""
 
     state_dim: int  # length of `proprio` (0: the target takes no state)
-    unnorm_keys: tuple[str, ...]  # action statistics the target un-normalizes with; the first is the default
+    # the action statistics a request may name in `unnorm_key` (OpenVLA: config.json's norm_stats keys; a
+    # heisd VLA: the name of its benchmark); the first is the target's own, used when a request names none
+    unnorm_keys: tuple[str, ...]
     tasks: dict[str, str]  # task name -> instruction (a request's instruction finds its task here)
+    # unnorm key -> how tokens become actions with its statistics, for every key but the first
+    codecs: dict[str, ActionCodec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.unnorm_keys or set(self.codecs) != set(self.unnorm_keys[1:]):  # no key may fall back silently
+            raise ValueError(f"codecs {sorted(self.codecs)} must be those of unnorm keys {self.unnorm_keys[1:]}")
 
 
 class PolicyService:
@@ -37,8 +46,8 @@ class PolicyService:
         self.worker = ModelWorker(config.queue_size)
         self._task_of = {instruction: task for task, instruction in facts.tasks.items()}
 
-    def check(self, req: ActRequest) -> str | None:
-        """Refuse what the target cannot take (before it queues); return the request's task."""
+    def check(self, req: ActRequest) -> tuple[str | None, str]:
+        """Refuse what the target cannot take (before it queues); return the request's task and unnorm key."""
         if self.facts.state_dim:
             if req.proprio is None:
                 raise WireError(422, f"proprio: missing (this target takes a {self.facts.state_dim}-value state)")
@@ -46,17 +55,29 @@ class PolicyService:
                 raise WireError(422, f"proprio: shape {list(req.proprio.shape)}, expected [{self.facts.state_dim}]")
         elif req.proprio is not None:
             raise WireError(422, "proprio: this target takes no state")
-        if req.unnorm_key is not None and req.unnorm_key not in self.facts.unnorm_keys:
-            raise WireError(422, f"unnorm_key: unknown {req.unnorm_key!r}; this target has "
-                                 f"{', '.join(self.facts.unnorm_keys)}")
+        key = self.facts.unnorm_keys[0]
+        if req.unnorm_key is not None:
+            key = resolve_unnorm_key(req.unnorm_key, self.facts.unnorm_keys)
+            if key is None:
+                raise WireError(422, f"unnorm_key: unknown {req.unnorm_key!r}; this target has "
+                                     f"{', '.join(self.facts.unnorm_keys)}")
         if req.task is not None:
             if req.task not in self.facts.tasks:
-                raise WireError(422, f"task: unknown {req.task!r}; known: {', '.join(self.facts.tasks)}")
-            return req.task
-        return self._task_of.get(req.instruction)
+                known = ", ".join(self.facts.tasks) or "none (the server runs under no benchmark: serve --benchmark)"
+                raise WireError(422, f"task: unknown {req.task!r}; known: {known}")
+            return req.task, key
+        return self._task_of.get(req.instruction), key
 
-    def step(self, req: ActRequest, task: str | None) -> tuple[np.ndarray, Any]:
-        """One control step; runs on the model worker. -> (actions [chunk, action_dim], StepRecord)."""
+    def step(self, req: ActRequest, task: str | None, unnorm_key: str | None = None) -> tuple[np.ndarray, Any]:
+        """One control step; runs on the model worker. -> (actions [chunk, action_dim], StepRecord).
+        Another `unnorm_key` than the target's own de-normalizes the same tokens with its statistics."""
+        actions, record = self._act(req, task)
+        codec = self.facts.codecs.get(unnorm_key)  # None for the target's own key
+        if codec is not None:
+            actions = codec.decode(np.asarray(record.tokens).reshape(actions.shape))
+        return actions, record
+
+    def _act(self, req: ActRequest, task: str | None) -> tuple[np.ndarray, Any]:
         state = req.proprio if req.proprio is not None else np.zeros(0, np.float32)
         if req.episode_id is None:  # a one-off step: a pooled policy, reset for it
             policy = self.sessions.borrow()

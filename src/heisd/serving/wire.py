@@ -71,7 +71,7 @@ def parse_act(body: bytes, limits: WireLimits) -> ActRequest:
         raise WireError(422, "instruction: empty")
     reset = payload.get("reset", False)
     if not isinstance(reset, bool):
-        raise WireError(422, f"reset: expected true or false, got {reset!r}")
+        raise WireError(422, f"reset: expected true or false, got {_shown(reset)}")
     episode_id = _string(payload, "episode_id", MAX_ID_CHARS)
     if reset and episode_id is None:
         raise WireError(422, "reset: needs an episode_id (a request without one keeps no episode state)")
@@ -94,7 +94,7 @@ def parse_end(body: bytes) -> tuple[str, bool | None]:
     payload = _json_object(body, "request body")
     success = payload.get("success")
     if success is not None and not isinstance(success, bool):
-        raise WireError(422, f"success: expected true, false or null, got {success!r}")
+        raise WireError(422, f"success: expected true, false or null, got {_shown(success)}")
     return _string(payload, "episode_id", MAX_ID_CHARS, required=True), success
 
 
@@ -114,9 +114,21 @@ def _json_object(raw: bytes, what: str) -> dict:
         payload = _DECODER.decode(raw.decode())
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise WireError(400, f"{what}: not valid JSON ({err})") from None
+    except RecursionError:  # the decoder recurses per nesting level: a deep body is malformed, not our fault
+        raise WireError(400, f"{what}: JSON nested too deeply (arrays or objects inside each other beyond "
+                             "Python's recursion limit)") from None
     if not isinstance(payload, dict):
         raise WireError(422, f"{what}: expected a JSON object, got {type(payload).__name__}")
     return payload
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """A client's value in an error message, cut short; an array or object is named, not printed
+    (it may be huge, or nested deep enough to break `repr`)."""
+    if isinstance(value, (list, dict)):
+        return "an array" if isinstance(value, list) else "an object"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _string(payload: dict, name: str, max_chars: int, required: bool = False) -> str | None:

@@ -11,7 +11,7 @@ difference between them lives in the two classes and nowhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Iterable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -39,6 +39,15 @@ class TargetSpec:
         """Recorded robot states [B, S] as the target takes them: float32, or None for a target
         that reads none (`state_dim` 0; OpenVLA), whatever the recording holds."""
         return None if self.state_dim == 0 else torch.as_tensor(np.asarray(states, dtype=np.float32))
+
+
+def resolve_unnorm_key(key: str, known: Iterable[str]) -> str | None:
+    """Which of the `known` action statistics an unnorm key names: itself, or as OpenVLA's LIBERO
+    eval, `KEY_no_noops` when only that is known (libero_spatial -> libero_spatial_no_noops); None if neither."""
+    known = set(known)
+    if key in known:
+        return key
+    return f"{key}_no_noops" if f"{key}_no_noops" in known else None
 
 
 @dataclass

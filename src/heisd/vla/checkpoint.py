@@ -39,6 +39,22 @@ class CheckpointError(HeisdError, ValueError):
     """A VLA checkpoint directory is missing, corrupt or inconsistent."""
 
 
+def nonfinite_count(tensor: torch.Tensor) -> int:
+    """NaN/inf values in a floating-point tensor (0 for other dtypes): one pass, counted only when some."""
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return 0
+    return tensor.numel() - int(torch.isfinite(tensor).sum())
+
+
+def check_finite(path: Path, key: str, tensor: torch.Tensor, error: type[HeisdError] | None = None) -> None:
+    """Refuse a weight holding NaN/inf (raised as `error`, default `CheckpointError`): such a model
+    loads and runs, and decodes the same edge-of-range action every step instead of failing."""
+    bad = nonfinite_count(tensor)
+    if bad:
+        raise (error or CheckpointError)(f"{path}: tensor {key!r} holds {bad} non-finite values (NaN/inf); "
+                                         "the checkpoint is corrupt")
+
+
 def _state(model: "VLA") -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # same file from any device
 
@@ -131,6 +147,8 @@ def load_vla(directory: Path) -> "VLA":
         lines += [f"{k}: weights {found[k]} vs config {expected[k]}"
                   for k in sorted(set(expected) & set(found)) if expected[k] != found[k]]
         raise CheckpointError(f"{directory}: config.json does not match the weights: " + "; ".join(lines[:8]))
+    for key, tensor in weights.items():
+        check_finite(directory / WEIGHTS_FILE, key, tensor)
     model.load_state_dict(weights)
     model.eval()
     return model

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from heisd.targets.base import resolve_unnorm_key
 from heisd.vla.checkpoint import CheckpointError
 from heisd.vla.checkpoint import read_json as read_checkpoint_json  # one JSON reader for every checkpoint kind
 
@@ -119,10 +120,10 @@ class OpenVLAConfig:
                 raise CheckpointError(f"{where} has action statistics for {len(keys)} datasets; "
                                       f"choose one with --unnorm-key: {', '.join(keys)}")
             unnorm_key = keys[0]
-        if unnorm_key not in self.norm_stats and f"{unnorm_key}_no_noops" in self.norm_stats:
-            unnorm_key = f"{unnorm_key}_no_noops"
-        if unnorm_key not in self.norm_stats:
+        found = resolve_unnorm_key(unnorm_key, keys)
+        if found is None:
             raise CheckpointError(f"unnorm key {unnorm_key!r} is not in {where}; available: {', '.join(keys)}")
+        unnorm_key = found
         try:
             action = self.norm_stats[unnorm_key]["action"]
             q01 = np.asarray(action["q01"], dtype=np.float64)

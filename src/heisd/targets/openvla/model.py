@@ -49,8 +49,7 @@ class OpenVLA(nn.Module):
         self.vision_backbone = VisionBackbone(backbone_specs(config))
         self.projector = Projector(self.vision_backbone.embed_dim, config.hidden_size, config.use_fused_vision_backbone)
         self.language_model = LlamaForCausalLM(llama_config(config, attn_implementation))
-        s = parts.stats
-        self._actions = OpenVLAActionTokenizer(config.vocab_size, s.q01, s.q99, s.mask, config.n_action_bins)
+        self._actions = _codec(config, parts.stats)
         self._fingerprint: str | None = None
 
     # ----- Target -----
@@ -72,6 +71,19 @@ class OpenVLA(nn.Module):
 
     def encode_prompt(self, instruction: str) -> torch.Tensor:
         return self.parts.prompt.encode_tensor(instruction)
+
+    # ----- the checkpoint's other action statistics (as predict_action's unnorm_key) -----
+    @property
+    def unnorm_keys(self) -> tuple[str, ...]:
+        """config.json's norm_stats keys, the one this target was loaded with first."""
+        loaded = self.parts.stats.key
+        return (loaded, *sorted(k for k in self.parts.config.norm_stats if k != loaded))
+
+    def action_codec(self, unnorm_key: str) -> OpenVLAActionTokenizer:
+        """Tokens <-> actions with `unnorm_key`'s statistics (the tokens do not depend on them)."""
+        if unnorm_key == self.parts.stats.key:
+            return self._actions
+        return _codec(self.parts.config, self.parts.config.action_stats(unnorm_key))
 
     def image_features(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> projected patch embeddings [B, N, d]."""
@@ -132,3 +144,7 @@ class OpenVLA(nn.Module):
         if self._fingerprint is None:
             self._fingerprint = files_fingerprint(self.parts.identity_files, self.parts.identity_note)
         return self._fingerprint
+
+
+def _codec(config: OpenVLAConfig, stats: ActionStats) -> OpenVLAActionTokenizer:
+    return OpenVLAActionTokenizer(config.vocab_size, stats.q01, stats.q99, stats.mask, config.n_action_bins)

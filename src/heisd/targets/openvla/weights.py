@@ -3,7 +3,8 @@
 Every file's header is read and checked against the model before any tensor is loaded, so
 a wrong checkpoint costs no memory and its error names each missing or mis-shaped key with
 the file it is in. Tensors go straight to the target device and dtype, one at a time (a 7B
-checkpoint never needs twice its size in RAM).
+checkpoint never needs twice its size in RAM), each checked finite there: a NaN/inf weight
+would otherwise decode the same edge-of-range action every step.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from heisd.vla.checkpoint import CheckpointError
+from heisd.vla.checkpoint import CheckpointError, check_finite, nonfinite_count
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -90,7 +91,8 @@ def check_keys(directory: Path, expected: dict[str, tuple[int, ...]], ignorable:
 
 def load_tensors(directory: Path, keys: dict[str, TensorInfo], device: torch.device,
                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Module key -> tensor on `device`/`dtype`, for the given file keys."""
+    """Module key -> tensor on `device`/`dtype`, for the given file keys; a tensor holding NaN/inf
+    is refused, naming its file and key."""
     by_file: dict[str, list[str]] = {}
     for key, info in keys.items():
         by_file.setdefault(info.file, []).append(key)
@@ -101,10 +103,22 @@ def load_tensors(directory: Path, keys: dict[str, TensorInfo], device: torch.dev
         try:
             with safe_open(str(directory / name), framework="pt", device=where) as f:
                 for key in file_keys:
-                    out[to_module_key(key)] = f.get_tensor(key).to(device=device, dtype=dtype)
+                    out[to_module_key(key)] = _finite(directory / name, key, f.get_tensor(key), device, dtype)
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"corrupt safetensors file {directory / name}: {e}") from e
     return out
+
+
+def _finite(path: Path, key: str, stored: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`stored` on `device`/`dtype`, checked finite there (one pass over each tensor as it is loaded)."""
+    tensor = stored.to(device=device, dtype=dtype)
+    overflowed = nonfinite_count(tensor)
+    if overflowed:
+        check_finite(path, key, stored)  # NaN/inf in the file itself: corrupt
+        name = str(dtype).removeprefix("torch.")
+        raise CheckpointError(f"{path}: tensor {key!r} has {overflowed} values beyond the range of {name}; "
+                              "load the checkpoint in bfloat16 or float32 (--dtype)")
+    return tensor
 
 
 def files_fingerprint(paths: tuple[Path, ...], note: str = "") -> str:
