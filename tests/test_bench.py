@@ -61,14 +61,14 @@ def test_bench_quick_smoke(resources):
         assert episode(lossless)["steps"]["ee_pos"] == episode(0)["steps"]["ee_pos"]
         assert episode(lossless)["env_steps"] == episode(0)["env_steps"]
     assert summaries[4]["retrieval_fraction"] == 1.0  # retrieval SD everywhere
-    assert summaries[0]["acceptance_length"] == 1.0  # AR
+    assert summaries[0]["tokens_per_forward"] == summaries[0]["acceptance_length"] == 1.0  # AR
     report = write_report(summaries, out, "heisd bench --quick", cfg)
     text = report.read_text()
     for label in labels:
         assert f"| {label} |" in text
     assert "## Switch decisions" in text and summaries[-1]["switch"]["predicted_steps"] > 0
     assert json.loads((out / "bench.json").read_text())[0]["method"] == "ar"
-    for plot in ("pareto.png", "acceptance_length.png", "heisd_episode_modes.png"):
+    for plot in ("pareto.png", "acceptance.png", "heisd_episode_modes.png"):
         assert (out / plot).stat().st_size > 0
 
 

@@ -303,7 +303,7 @@ def test_ar_is_the_loop_without_proposer(n):
     result = SpeculativeDecoder(Verifier(model), DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)).decode(embeds)
     assert result.tokens == reference_ar(model, embeds, n)[0]
     assert result.target_forwards == n and result.accepted_lengths == [0] * (n - 1)
-    assert result.acceptance_length == 1.0
+    assert result.tokens_per_forward == 1.0
     assert min(vars(result.timing).values()) >= 0.0 and result.timing.prefill_ms > 0.0
 
 
@@ -317,7 +317,7 @@ def test_correct_chain_draft_takes_two_forwards_and_skip_takes_one():
     actions = [t if ACTIONS.is_action(t) else VOCAB - 1 for t in reference]
     skipped = SpeculativeDecoder(Verifier(model), config, ScriptedProposer([actions], skip=True)).decode(embeds)
     assert skipped.tokens == [reference[0]] + actions[1:]
-    assert skipped.target_forwards == 1 and skipped.skipped_tokens == 7 and skipped.acceptance_length == 8.0
+    assert skipped.target_forwards == 1 and skipped.skipped_tokens == 7 and skipped.tokens_per_forward == 8.0
 
 
 def test_partial_skip_then_verify_continues_from_skipped_tokens():
@@ -418,6 +418,10 @@ class _WrongFirst(Proposer):
             return Proposal(DraftTree.from_sequences([[self.wrong] * 3, [self.wrong, self.wrong - 1]]))
         return self.jacobi.propose(state)
 
+    def observe(self, outcome):
+        if self.calls > 1:  # the outcome of Jacobi's chain is Jacobi's to learn from
+            self.jacobi.observe(outcome)
+
 
 def test_jacobi_as_a_fallback_ignores_other_proposers_trees():
     """After another proposer's rejected tree, Jacobi starts from its warm start, not from the
@@ -432,3 +436,25 @@ def test_jacobi_as_a_fallback_ignores_other_proposers_trees():
     assert result.tokens == ar.tokens
     if assume_actions:
         assert result.target_forwards == 3  # prefill, the rejected tree, one Jacobi chain
+
+
+def test_the_loop_reports_each_verify_pass_to_the_proposer():
+    """`observe` follows every verify pass with the verified tree, the accepted path and where the
+    tree started; a skipped draft has no pass and no outcome. `draft_depths` records each pass."""
+    model, embeds = tiny_target(0), prefix(0, 3)
+    reference = reference_ar(model, embeds, 8)[0]
+    seen = []
+
+    class Recording(ScriptedProposer):
+        def observe(self, outcome):
+            seen.append((outcome.position, len(outcome.tree), list(outcome.accepted)))
+
+    wrong = [t + 1 if t < VOCAB - 1 else t - 1 for t in reference]
+    config = DecodeConfig(n_tokens=8, vocab_size=VOCAB, n_bins=256)
+    result = SpeculativeDecoder(Verifier(model), config, Recording([reference[:3] + wrong[3:]], ar_steps=range(1, 9))).decode(embeds)
+    assert result.tokens == reference
+    first = next((i for i in range(1, 3) if not ACTIONS.is_action(reference[i])), 3) - 1  # accepted of 7 drafted
+    assert seen[0] == (1, 7, list(range(first))) and result.draft_depths[0] == 7
+    assert len(seen) == result.target_forwards - 1 == len(result.draft_depths) == len(result.accepted_lengths)
+    assert all(nodes == 0 and accepted == [] for _, nodes, accepted in seen[1:])  # plain AR passes after it
+    assert result.draft_depths[1:] == [0] * (len(seen) - 1)

@@ -262,7 +262,7 @@ def test_drafter_trained_on_the_target_is_accepted():
     for seed in range(10):  # prefixes not seen in training
         out = sd.decode(prefix(seed))
         assert out.tokens == ar.decode(prefix(seed)).tokens
-        lengths.append(out.acceptance_length)
+        lengths.append(out.tokens_per_forward)
     assert np.mean(lengths) > 1.2
 
 

@@ -128,13 +128,13 @@ def test_stats_json_round_trip(stats: KinematicStats) -> None:
 def test_calibration_picks_the_obvious_threshold() -> None:
     # Retrieval wins (5 vs 2 tokens per forward) exactly on frames with F >= 0.6.
     metrics = np.linspace(0.0, 1.0, 51)
-    tpf_retrieval = np.where(metrics >= 0.6, 5.0, 1.2)
-    tpf_drafter = np.full_like(metrics, 2.0)
-    assert calibrate_threshold(metrics, tpf_retrieval, tpf_drafter) == pytest.approx(0.6)
-    assert calibrate_threshold(metrics, np.ones(51), tpf_drafter) > metrics.max()  # never retrieve
-    assert calibrate_threshold(metrics, np.full(51, 3.0), tpf_drafter) == 0.0  # always retrieve
+    tokens_per_forward_retrieval = np.where(metrics >= 0.6, 5.0, 1.2)
+    tokens_per_forward_drafter = np.full_like(metrics, 2.0)
+    assert calibrate_threshold(metrics, tokens_per_forward_retrieval, tokens_per_forward_drafter) == pytest.approx(0.6)
+    assert calibrate_threshold(metrics, np.ones(51), tokens_per_forward_drafter) > metrics.max()  # never retrieve
+    assert calibrate_threshold(metrics, np.full(51, 3.0), tokens_per_forward_drafter) == 0.0  # always retrieve
     with pytest.raises(ValueError):
-        calibrate_threshold(metrics, tpf_retrieval[:-1], tpf_drafter)
+        calibrate_threshold(metrics, tokens_per_forward_retrieval[:-1], tokens_per_forward_drafter)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True,
@@ -198,15 +198,16 @@ def _frames(n: int = 8) -> dict:
     """Calibration frames: F from 0 to 1; retrieval drafts pay off on fast motion (high F) only,
     the drafter gives 2 tokens per forward everywhere."""
     f = np.linspace(0.0, 1.0, 40)
-    return {"F": f.tolist(), "tpf_retrieval": np.where(f >= 0.5, float(n), 1.0).tolist(),
-            "tpf_drafter": [2.0] * 40, "prefill_skipped": [False] * 40}
+    return {"F": f.tolist(), "tokens_per_forward_retrieval": np.where(f >= 0.5, float(n), 1.0).tolist(),
+            "tokens_per_forward_drafter": [2.0] * 40, "prefill_skipped": [False] * 40}
 
 
 def _step(mode_forwards: int, prefill: float, verify_each: float, draft: float):
     from heisd.decoding import DecodeResult, Timing
 
     timing = Timing(prefill_ms=prefill, draft_ms=draft, verify_ms=verify_each * max(mode_forwards - 1, 0))
-    return DecodeResult([0] * 8, mode_forwards, [], 0, 0, timing)
+    return DecodeResult([0] * 8, mode_forwards, accepted_lengths=[], draft_depths=[], skipped_tokens=0, deviation=0,
+                        timing=timing)
 
 
 @pytest.mark.parametrize("drafter_pass_ms, slow_motion_mode", [(0.2, "drafter"), (30.0, "retrieval")])
@@ -222,7 +223,7 @@ def test_cost_switch_sends_slow_motion_where_it_is_cheaper(stats, drafter_pass_m
     assert switch.decide(0.9)[0] == "retrieval"  # fast motion: one pass
     mode, expected = switch.decide(0.1)
     assert mode == slow_motion_mode
-    # the formula, by hand: drafter at F=0.1: 4 passes (n / tpf) = prefill + 3 verifies + 3 drafter passes
+    # the formula, by hand: drafter at F=0.1: 4 passes (n / tokens per forward) = prefill + 3 verifies + 3 drafter passes
     assert expected["drafter"] == pytest.approx(10.0 + 3 * 10.0 + 3 * drafter_pass_ms)
     assert expected["retrieval"] == pytest.approx(10.0 + 7 * 10.0 + 0.3, rel=0.1)
 

@@ -73,7 +73,7 @@ def test_retrieval_on_stored_frames_drafts_the_whole_action(run):
     drafted ones accepted in one verification pass (7 tokens, 2 target forwards)."""
     result = replay(run, "retrieval", "--lossless", demos="train")
     assert result["token_mismatch_rate"] == 0.0
-    assert result["target_forwards"] == 2.0 and result["acceptance_length"] == 3.5
+    assert result["target_forwards"] == 2.0 and result["tokens_per_forward"] == 3.5
 
 
 @pytest.mark.parametrize("method", ["specvla-relaxed", "retrieval", "heisd"])

@@ -152,7 +152,7 @@ def test_calibrate_stores_theta_and_threshold(built, tmp_path, capsys) -> None:
     skip, hybrid, frames = extras["verify_skip"], extras["hybrid"], extras["calibration_frames"]
     assert skip["frames_total"] == 12 and len(frames["similarity"]) == 12
     assert skip["theta"] > 0.0 and 0.0 <= skip["skip_rate"] <= 1.0
-    assert all(1.0 <= tpf <= 8.0 for tpf in frames["tpf_retrieval"])
+    assert all(1.0 <= x <= 8.0 for x in frames["tokens_per_forward_retrieval"])
     pre = extras["prefill_skip"]
     assert pre["frames"] == 12 == len(frames["key_similarity"]) and 0.0 <= pre["skip_rate"] <= 1.0
     passed = np.asarray(frames["passes_full"], bool)[np.asarray(frames["key_similarity"]) >= pre["theta"]]
@@ -191,7 +191,7 @@ def test_calibrated_thresholds_follow_from_the_stored_frames(built, tmp_path) ->
     has_f = [f is not None for f in frames["F"]]
     pick = lambda key: np.asarray(frames[key])[has_f]  # noqa: E731
     assert extras["hybrid"]["threshold"] == pytest.approx(
-        calibrate_threshold(pick("F").astype(float), pick("tpf_retrieval"), pick("tpf_drafter")), abs=1e-5)
+        calibrate_threshold(pick("F").astype(float), pick("tokens_per_forward_retrieval"), pick("tokens_per_forward_drafter")), abs=1e-5)
 
 
 def test_calibrate_decodes_drafter_mode_as_the_method_runs_it(built, tmp_path) -> None:
@@ -230,6 +230,6 @@ def test_calibrate_decodes_drafter_mode_as_the_method_runs_it(built, tmp_path) -
         with DemoFile(path) as f:
             ep = f.episode(name)
         policy.reset(ep.instruction, ep.task)
-        replayed.append(policy.act(ep.images[t], ep.state[t])[1].acceptance_length)
-    assert frames["tpf_drafter"] == pytest.approx(replayed, abs=1e-4)
+        replayed.append(policy.act(ep.images[t], ep.state[t])[1].tokens_per_forward)
+    assert frames["tokens_per_forward_drafter"] == pytest.approx(replayed, abs=1e-4)
     assert max(replayed) > 1.0  # drafts were accepted: the comparison says something

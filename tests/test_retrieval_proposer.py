@@ -138,9 +138,9 @@ def test_own_tokens_give_one_verify_and_skip_gives_none(built) -> None:
             assert result.tokens == store.own_tokens[(store.episode == episode) & (store.step == t)][0].tolist()
             assert stats.top1_similarity > 0.9999 and not stats.fell_back and stats.retrieval_ms > 0
             if skip is None:
-                assert result.target_forwards == 2 and result.acceptance_length == 4.0 and not stats.skipped
+                assert result.target_forwards == 2 and result.tokens_per_forward == 4.0 and not stats.skipped
             else:
-                assert result.target_forwards == 1 and result.acceptance_length == 8.0 and stats.skipped
+                assert result.target_forwards == 1 and result.tokens_per_forward == 8.0 and stats.skipped
                 assert stats.hidden_similarity > 0.9999
 
 
@@ -334,7 +334,7 @@ def test_prefill_skip_emits_the_top1_action_without_running_the_target(built, mo
     monkeypatch.setattr(decoder.verifier, "prefill", lambda *a: pytest.fail("the target ran"))
     result = decoder.decode(embeds, context)
     top1 = cfg.sequences(real_query(context["key"], context["task"], cfg.k))[0].tolist()
-    assert result.tokens == top1 and result.target_forwards == 0 and result.acceptance_length == 8.0
+    assert result.tokens == top1 and result.target_forwards == 0 and result.tokens_per_forward == 8.0
     assert result.skipped_tokens == 8 and result.proposer_stats.prefill_skipped and len(queries) == 1
     monkeypatch.undo()
 

@@ -18,7 +18,7 @@ from heisd.runtime.policy import VLAPolicy
 from heisd.runtime.replay import replay
 
 SUMMARY_KEYS = {"method", "benchmark", "episodes", "sr", "per_task", "latency_ms", "breakdown_ms",
-                "target_forwards", "acceptance_length", "skip_rate", "retrieval_fraction"}
+                "target_forwards", "tokens_per_forward", "acceptance_length", "skip_rate", "retrieval_fraction"}
 
 
 def ar_policy(vla=None) -> VLAPolicy:
@@ -39,7 +39,7 @@ def test_step_record_breakdown_is_the_decode_timing(monkeypatch):
     timing = results[0].timing
     assert actions.shape == (2, 4) and np.abs(actions).max() <= 1.0 + 1e-6
     assert rec.tokens == results[0].tokens and rec.target_forwards == 8 == results[0].target_forwards
-    assert rec.acceptance_length == 1.0 and set(rec.breakdown_ms) == set(BREAKDOWN_KEYS)
+    assert rec.tokens_per_forward == 1.0 and set(rec.breakdown_ms) == set(BREAKDOWN_KEYS)
     assert rec.breakdown_ms["prefill"] == timing.prefill_ms > 0 and rec.breakdown_ms["verify"] == timing.verify_ms > 0
     assert rec.breakdown_ms["draft"] + rec.breakdown_ms["retrieval"] == pytest.approx(timing.draft_ms)
     assert rec.breakdown_ms["vision"] > 0 and rec.breakdown_ms["other"] >= timing.other_ms
@@ -65,7 +65,7 @@ def test_eval_summary_determinism_and_resume(tmp_path):
     full = evaluate(ar_policy(vla), "ar", cfg, tmp_path / "a", progress=False)
     assert SUMMARY_KEYS <= set(full)
     assert full["episodes"] == 4 and set(full["per_task"]) == {"reach-v3", "push-v3"}
-    assert full["target_forwards"] == 8.0 and full["acceptance_length"] == 1.0
+    assert full["target_forwards"] == 8.0 and full["tokens_per_forward"] == 1.0
     lines = (tmp_path / "a" / "episodes.jsonl").read_text().splitlines()
     assert len(lines) == 4
 
@@ -98,9 +98,23 @@ def test_replay_of_exact_speculative_decoding_matches_ar(tmp_path):
     result = replay(specvla, ar_policy(vla), "specvla", [tmp_path / "d.hdf5"], frames=8, progress=False)
     assert result["frames"] == 8 and result["tasks"] == ["push-v3", "reach-v3"]
     assert result["token_mismatch_rate"] == 0.0 and result["max_bin_deviation"] == 0
-    assert 1.0 <= result["acceptance_length"] <= 8.0 and result["target_forwards"] <= 8.0
+    assert 1.0 <= result["tokens_per_forward"] <= 8.0 and result["target_forwards"] <= 8.0
     # a method that does change tokens is caught: relaxed acceptance with r = 255 keeps any draft
     relaxed = VLAPolicy(vla, build_decoders(MethodConfig("specvla-relaxed", drafter=str(tmp_path / "drafter"),
                                                          relaxed_r=255), vla))
     loose = replay(relaxed, ar_policy(vla), "specvla-relaxed", [tmp_path / "d.hdf5"], frames=8, progress=False)
-    assert loose["token_mismatch_rate"] > 0.0 and loose["acceptance_length"] > result["acceptance_length"]
+    assert loose["token_mismatch_rate"] > 0.0 and loose["tokens_per_forward"] > result["tokens_per_forward"]
+
+
+def test_acceptance_length_and_rates_by_position_by_hand():
+    """Two steps: passes (accepted, depth) = (2, 3), (0, 0: an AR pass), (1, 1), (3, 3); the AR
+    pass drafted nothing, so AL = 1 + (2 + 1 + 3) / 3 = 3; depth 1 reached 3 times, accepted 3
+    times; depth 2 reached twice (2 and 3 accepted); depth 3 twice, accepted once."""
+    from heisd.runtime.metrics import acceptance_metrics
+
+    steps = [{"accepted": [[2, 0], [1, 3]], "draft_depth": [[3, 0], [1, 3]]}]
+    m = acceptance_metrics(steps)
+    assert m["acceptance_length"] == 3.0 and m["drafted_passes"] == 3
+    assert m["acceptance_rate_by_position"] == [1.0, 1.0, 0.5]
+    ar = acceptance_metrics([{"accepted": [[0, 0]], "draft_depth": [[0, 0]]}])
+    assert ar == {"acceptance_length": 1.0, "drafted_passes": 0, "acceptance_rate_by_position": []}

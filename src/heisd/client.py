@@ -46,7 +46,7 @@ class ServerError(HeisdError, RuntimeError):
 @dataclass(frozen=True)
 class Step:
     actions: np.ndarray  # [chunk, action_dim]
-    record: dict[str, Any]  # the server's StepRecord: mode, acceptance_length, skipped, latency pieces, ...
+    record: dict[str, Any]  # the server's StepRecord: mode, tokens_per_forward, skipped, latency pieces, ...
     timing_ms: dict[str, float]  # Server-Timing: queue, step, total
 
 

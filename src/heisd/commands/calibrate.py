@@ -83,9 +83,9 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{'prefill-skip theta':<22}{pre['theta']:.4f}   skip rate {pre['skip_rate']:.2f}   "
           f"precision {pre['achieved_precision']:.3f} (key cos median {pre['similarity_median']:.4f})")
     print(f"{'hybrid threshold F':<22}{hybrid['threshold']:.4f}   retrieval fraction "
-          f"{hybrid['retrieval_fraction']:.2f}   tokens/forward {hybrid['expected_tpf']:.2f} "
-          f"(retrieval {hybrid['tpf_retrieval_mean']:.2f}, drafter={hybrid['drafter']} "
-          f"{hybrid['tpf_drafter_mean']:.2f})")
+          f"{hybrid['retrieval_fraction']:.2f}   tokens/forward {hybrid['expected_tokens_per_forward']:.2f} "
+          f"(retrieval {hybrid['tokens_per_forward_retrieval_mean']:.2f}, drafter={hybrid['drafter']} "
+          f"{hybrid['tokens_per_forward_drafter_mean']:.2f})")
     print(f"stored in {args.datastore}/manifest.json extras")
     return 0
 
@@ -103,8 +103,8 @@ def calibrate(target, datastore, demos: Sequence[str | Path], method, precision:
     theta_pre = calibrate_theta(m["key_similarity"], m["passes_full"], precision)
     pre_skipped = m["key_similarity"] >= theta_pre
     n = target.spec.n_action_tokens
-    tpf_r = np.where(skipped | pre_skipped, float(n), m["tpf_verified"])
-    tpf_d = m["tpf_drafter"]
+    tpf_r = np.where(skipped | pre_skipped, float(n), m["tokens_per_forward_verified"])
+    tpf_d = m["tokens_per_forward_drafter"]
     has_f = np.isfinite(m["F"])
     if not has_f.any():
         raise InputError("no held-out frame has the kinematic window; use longer episodes")
@@ -129,11 +129,11 @@ def calibrate(target, datastore, demos: Sequence[str | Path], method, precision:
         "threshold": threshold, "frames": int(has_f.sum()), "drafter": "drafter" if method.drafter else "ar",
         "retrieval_fallback": method.retrieval_fallback,
         "retrieval_fraction": float(use_r.mean()),
-        "expected_tpf": float(np.where(use_r, tpf_r[has_f], tpf_d[has_f]).mean()),
-        "tpf_retrieval_mean": float(tpf_r[has_f].mean()), "tpf_drafter_mean": float(tpf_d[has_f].mean()),
+        "expected_tokens_per_forward": float(np.where(use_r, tpf_r[has_f], tpf_d[has_f]).mean()),
+        "tokens_per_forward_retrieval_mean": float(tpf_r[has_f].mean()), "tokens_per_forward_drafter_mean": float(tpf_d[has_f].mean()),
     }
     frames = {key: np.round(values.astype(np.float64), 5).tolist() for key, values in
-              {**m, "tpf_retrieval": tpf_r}.items()}
+              {**m, "tokens_per_forward_retrieval": tpf_r}.items()}
     frames["prefill_skipped"] = pre_skipped.tolist()  # no target pass at all on these frames
     frames["F"] = [None if not np.isfinite(f) else f for f in frames["F"]]  # JSON has no NaN
     frames["frame"] = where  # [demo file, episode, step] of each row: the numbers can be re-measured
@@ -172,7 +172,7 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
     for i in picked:
         by_episode.setdefault(all_frames[i][0], []).append(all_frames[i][1])
     rows: dict[str, list[float]] = {key: [] for key in ("similarity", "guard", "passes", "key_similarity",
-                                                           "passes_full", "tpf_verified", "tpf_drafter", "F")}
+                                                           "passes_full", "tokens_per_forward_verified", "tokens_per_forward_drafter", "F")}
     where: list[list] = []
     w = kin_config.window
     with tqdm(total=len(picked), unit="frame", desc="calibrate") as bar:
@@ -199,8 +199,8 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
                     embeds = target.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), prompt,
                                                   target.spec.state_input(ep.state[t : t + 1]))
                 context = {"key": enc.keys[i], "task": ep.task}
-                rows["tpf_verified"].append(retrieval.decode(embeds, context).acceptance_length)
-                rows["tpf_drafter"].append(drafting.decode(embeds).acceptance_length if drafting else 1.0)
+                rows["tokens_per_forward_verified"].append(retrieval.decode(embeds, context).tokens_per_forward)
+                rows["tokens_per_forward_drafter"].append(drafting.decode(embeds).tokens_per_forward if drafting else 1.0)
                 window = ep.ee_pos[t - w + 1 : t + 1] if t + 1 >= w else None
                 rows["F"].append(np.nan if window is None else fused_metric(window, kin_stats, kin_config))
                 where.append([str(path), name, int(t)])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heisd.decoding.cost_rule import CostChoice, OptionCosts
-from heisd.decoding.loop import DecodeState, Proposal, Proposer
+from heisd.decoding.loop import DecodeState, Outcome, Proposal, Proposer
 
 
 @dataclass
@@ -44,6 +44,11 @@ class CostFallback(Proposer):
         self.costs.count_pass()
         proposer = self.options[self._option]
         return proposer.propose(state) if proposer is not None else None
+
+    def observe(self, outcome: Outcome) -> None:
+        proposer = self.options[self._option] if self._option is not None else None
+        if proposer is not None:
+            proposer.observe(outcome)
 
     def end_step(self) -> FallbackStepStats:
         stats = FallbackStepStats()

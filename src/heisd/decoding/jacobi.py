@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from heisd.decoding.loop import DecodeState, Proposal, Proposer
+from heisd.decoding.loop import DecodeState, Outcome, Proposal, Proposer
 from heisd.decoding.tree import DraftTree
 
 
@@ -31,31 +31,29 @@ class JacobiProposer(Proposer):
     def __init__(self) -> None:
         self._previous: list[int] | None = None  # this step's warm start
         self._guess: dict[int, int] = {}  # action position -> current guess
-        self._chain_start = 0  # action position of the latest chain's first token
-        self._chain: DraftTree | None = None  # the latest chain proposed (as a fallback, others' trees come between)
         self._stats = JacobiStepStats()
 
     def begin_step(self, context: dict[str, Any]) -> None:
         previous = context.get("previous_action")
         self._previous = [int(t) for t in previous] if previous is not None else None
-        self._guess, self._chain_start, self._chain = {}, 0, None
+        self._guess = {}
         self._stats = JacobiStepStats(warm_start=previous is not None)
 
     def end_step(self) -> JacobiStepStats:
         return self._stats
 
+    def observe(self, outcome: Outcome) -> None:
+        # target_next[j] is the target's token for position `position + j` given the guesses
+        # before it: past the kept prefix and the bonus, that is the fixed-point update
+        start = outcome.position + len(outcome.accepted) + 1
+        for i, token in enumerate(outcome.target_next[len(outcome.accepted) + 1 :].tolist()):
+            self._guess[start + i] = int(token)
+
     def propose(self, state: DecodeState) -> Proposal | None:
         start, n = state.position, state.n_tokens
-        if state.last_next is not None and state.last_tree is self._chain:
-            # last_next[j] is the target's token for position chain_start + j given the previous
-            # guess: past the kept prefix and the bonus, that is the fixed-point update
-            first = start - self._chain_start
-            for i, token in enumerate(state.last_next[first:].tolist()):
-                self._guess[start + i] = int(token)
         if start >= n:
             return None
         fill = self._previous if self._previous is not None and len(self._previous) == n else None
         chain = [self._guess.get(p, fill[p] if fill is not None else state.emitted[-1]) for p in range(start, n)]
-        self._chain_start, self._chain = start, DraftTree.chain(chain)
         self._stats.iterations += 1
-        return Proposal(self._chain)
+        return Proposal(DraftTree.chain(chain))

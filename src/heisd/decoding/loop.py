@@ -49,10 +49,6 @@ class DecodeState:
     verifier: Verifier
     cache: DynamicCache
     context: dict[str, Any]  # per-step info from the caller (e.g. the current image feature)
-    # the target's greedy token after each node of the latest verified tree, rejected ones included
-    # (`Verification.tree_next`, root first); None before the first verify pass of the step
-    last_next: torch.Tensor | None = None
-    last_tree: DraftTree | None = None  # the tree `last_next` belongs to (a proposer can tell its own)
 
     @property
     def position(self) -> int:
@@ -60,15 +56,31 @@ class DecodeState:
         return len(self.emitted)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What the target's verify pass made of the latest proposal (`Proposer.observe`)."""
+
+    tree: DraftTree  # the tree that was verified (empty for a plain AR pass)
+    target_next: torch.Tensor  # the target's greedy token after each node, root first (`Verification.tree_next`)
+    accepted: list[int]  # accepted node indices, root to leaf
+    position: int  # action position of the tree's first draft token
+
+
 class Proposer(ABC):
     """Where drafts come from. ``None`` means: take a plain AR step.
 
     The loop brackets every control step: ``begin_step`` before anything runs, ``propose``
     any number of times, ``end_step`` once the action is out (its stats land in the result).
+    After each verify pass the loop calls ``observe`` with the outcome of what ``propose`` last
+    returned (a ``None`` proposal: a plain AR pass); a proposer that delegates passes it on to
+    the one that made the proposal, so each learns only from its own drafts.
     """
 
     @abstractmethod
     def propose(self, state: DecodeState) -> Proposal | None: ...
+
+    def observe(self, outcome: Outcome) -> None:
+        """The verify pass of this proposer's latest proposal is done (default: nothing to learn)."""
 
     def begin_step(self, context: dict[str, Any]) -> list[int] | None:
         """A new control step: forget the last step's state. May return a whole action to emit
@@ -96,14 +108,15 @@ class DecodeResult:
     tokens: list[int]  # exactly n_tokens
     target_forwards: int  # prefill included (AR: n_tokens; 0 when the step skipped the prefill)
     accepted_lengths: list[int]  # accepted draft tokens per verify pass (0 for an AR step)
+    draft_depths: list[int]  # depth of the tree each verify pass checked (0: a plain AR pass)
     skipped_tokens: int  # tokens accepted with no verify pass
     deviation: int  # summed bin deviation of accepted drafts from the target's greedy tokens
     timing: Timing = field(default_factory=Timing)
     proposer_stats: Any = None  # the proposer's `end_step()` for this step (e.g. RetrievalStepStats)
 
     @property
-    def acceptance_length(self) -> float:
-        """Action tokens per target forward (DESIGN 3); a step with no forward counts n, like a skip."""
+    def tokens_per_forward(self) -> float:
+        """Action tokens per target forward, the prefill included; a step with no forward counts n."""
         return len(self.tokens) / self.target_forwards if self.target_forwards else float(len(self.tokens))
 
 
@@ -139,7 +152,7 @@ class SpeculativeDecoder:
             if len(early) != n:
                 raise ValueError(f"a prefill skip must be a whole action of {n} tokens, got {len(early)}")
             timing.draft_ms = (self._now() - start) * 1e3
-            return DecodeResult(list(early), 0, [], n, 0, timing, self.proposer.end_step())
+            return DecodeResult(list(early), 0, [], [], n, 0, timing, self.proposer.end_step())
         t = self._now()
         pre = self.verifier.prefill(prefix_embeds, "target pass 1 (prefill)")
         timing.prefill_ms = (self._now() - t) * 1e3
@@ -147,14 +160,12 @@ class SpeculativeDecoder:
         emitted = [pre.token]
         pending = [pre.token]  # emitted tokens the target has not processed yet
         hidden = pre.hidden[None]
-        forwards, accepted_lengths, skipped, deviation = 1, [], 0, 0
-        last_next = last_tree = None
+        forwards, accepted_lengths, depths, skipped, deviation = 1, [], [], 0, 0
         while len(emitted) < n:
             t = self._now()
             proposal = None
             if self.proposer is not None:
-                state = DecodeState(list(emitted), n, hidden, pre.hidden, self.verifier, pre.cache, context,
-                                    last_next, last_tree)
+                state = DecodeState(list(emitted), n, hidden, pre.hidden, self.verifier, pre.cache, context)
                 proposal = self.proposer.propose(state)
             timing.draft_ms += (self._now() - t) * 1e3
             tree = proposal.tree.truncated(n - len(emitted)) if proposal else DraftTree.empty()
@@ -164,26 +175,26 @@ class SpeculativeDecoder:
                 pending += tree.tokens.tolist()
                 hidden = hidden[:0]  # the target has not seen these tokens
                 skipped += len(tree)
-                last_next = last_tree = None
                 continue
             t = self._now()
             verification = self.verifier.verify(pre.cache, pending, tree, f"target pass {forwards + 1} (verify)")
             timing.verify_ms += (self._now() - t) * 1e3
             forwards += 1
             acc = self.acceptance.select(tree, verification.tree_next, len(emitted), self.vocab)
-            # the proposer's own tree object (truncation keeps its node order): it can tell its own
-            last_next, last_tree = verification.tree_next, proposal.tree if proposal else None
+            if self.proposer is not None:  # truncation keeps node order: indices are the proposal's too
+                self.proposer.observe(Outcome(tree, verification.tree_next, list(acc.nodes), len(emitted)))
             self.verifier.commit(pre.cache, verification, acc.nodes)
             slots = list(range(len(pending))) + [len(pending) + i for i in acc.nodes]
             hidden = verification.hidden[slots]
             emitted = (emitted + acc.tokens + [acc.bonus])[:n]
             pending = [acc.bonus]
             accepted_lengths.append(len(acc.nodes))
+            depths.append(int(tree.depth.max()) if len(tree) else 0)
             deviation += acc.deviation
         stats = self.proposer.end_step() if self.proposer is not None else None
         total_ms = (self._now() - start) * 1e3
         timing.other_ms = total_ms - timing.prefill_ms - timing.draft_ms - timing.verify_ms
-        return DecodeResult(emitted, forwards, accepted_lengths, skipped, deviation, timing, stats)
+        return DecodeResult(emitted, forwards, accepted_lengths, depths, skipped, deviation, timing, stats)
 
     def _check_skip(self, tree: DraftTree) -> None:
         # A skipped draft is accepted blindly, so it must be a plain sequence of action tokens.

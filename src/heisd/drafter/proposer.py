@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from heisd.decoding import DecodeState, DraftTree, Proposal, Proposer
+from heisd.decoding import DecodeState, DraftTree, Outcome, Proposal, Proposer
 from heisd.decoding.cost_rule import CostChoice, OptionCosts
 from heisd.drafter.model import Drafter, additive_mask
 
@@ -55,12 +55,12 @@ class DrafterProposer(Proposer):
             self.shapes["depth-1"] = TreeConfig(self.tree.topk, 1, min(self.tree.topk, self.tree.budget))
         self.tree_costs = OptionCosts("tree", list(self.shapes)) if choose_tree else None  # the tree rule
         self._features: dict[int, torch.Tensor] = {}  # this step: action position -> target feature that predicted it
-        self._last: DraftTree | None = None  # the latest tree proposed (its pass is the open turn)
+        self._verified = False  # the pass of our latest tree is done (that tree's turn can close)
         self._n_tokens = 0
         self._stats = DrafterStepStats()
 
     def begin_step(self, context: dict) -> None:
-        self._features, self._last, self._stats = {}, None, DrafterStepStats()
+        self._features, self._verified, self._stats = {}, False, DrafterStepStats()
         if self.tree_costs is not None:
             self.tree_costs.drop_turn()
 
@@ -69,9 +69,12 @@ class DrafterProposer(Proposer):
         return self._stats
 
     def reset(self) -> None:
-        self._features, self._last = {}, None
+        self._features, self._verified = {}, False
         if self.tree_costs is not None:
             self.tree_costs.drop_turn()
+
+    def observe(self, outcome: Outcome) -> None:
+        self._verified = len(outcome.tree) > 0  # an empty tree: the AR pass we left the step to
 
     def _close_turn(self, emitted: int) -> None:
         if self.tree_costs is not None and self.tree_costs.turn_open:
@@ -95,15 +98,14 @@ class DrafterProposer(Proposer):
     def propose(self, state: DecodeState) -> Proposal | None:
         shape = self.tree
         if self.tree_costs is not None:
-            # the previous turn (one pass of our tree) ends here, unless another proposer's pass came between
-            if state.last_tree is not None and state.last_tree is self._last:
+            if self._verified:  # the previous turn (one pass of our tree) ends here
                 self._close_turn(len(state.emitted))
             self.tree_costs.drop_turn()
             self._n_tokens = state.n_tokens
             shape = self.shapes[self.tree_costs.open_turn(len(state.emitted))]
             self.tree_costs.count_pass()
         proposal = self._propose(state, shape)
-        self._last = proposal.tree if proposal is not None else None
+        self._verified = False
         if proposal is None and self.tree_costs is not None:
             self.tree_costs.drop_turn()  # an AR pass: not the shape's
         return proposal

@@ -3,7 +3,7 @@
 from heisd.kinematics.cost import CostAwareSwitch, CostSwitchConfig
 from heisd.kinematics.metric import (KinematicConfig, KinematicStats, TrajectoryTracker,
                                      curvature_radius, fused_metric, path_length)
-from heisd.kinematics.switch import Decision, KinematicSwitch, Mode, calibrate_threshold
+from heisd.kinematics.switch import Decision, KinematicSwitch, Mode, Switch, calibrate_threshold
 
-__all__ = ["CostAwareSwitch", "CostSwitchConfig", "Decision", "KinematicConfig", "KinematicStats", "KinematicSwitch", "Mode", "TrajectoryTracker",
+__all__ = ["CostAwareSwitch", "CostSwitchConfig", "Decision", "KinematicConfig", "KinematicStats", "KinematicSwitch", "Mode", "Switch", "TrajectoryTracker",
            "calibrate_threshold", "curvature_radius", "fused_metric", "path_length"]

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
+from heisd.decoding import DecodeResult
 from heisd.decoding.moving import MovingMean, MovingMedian
 from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
 from heisd.kinematics.switch import Decision, Mode
@@ -56,7 +55,7 @@ class CostSwitchConfig:
                 raise ValueError(f"CostSwitchConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
-class CostAwareSwitch:
+class CostAwareSwitch:  # a `Switch`
     """Same interface as `KinematicSwitch` (`make_tracker`, `mode`), plus `observe` after each step."""
 
     def __init__(self, kin_config: KinematicConfig, kin_stats: KinematicStats, frames: dict[str, list],
@@ -150,7 +149,7 @@ class CostAwareSwitch:
         pieces = self._pieces
         return pieces["prefill"].value, pieces[_VERIFY[mode]].value, pieces[_PROPOSE[mode]].value
 
-    def observe(self, mode: Mode, metric: float | None, result: Any) -> None:
+    def observe(self, mode: Mode, metric: float | None, result: DecodeResult) -> None:
         """Learn from a decoded step (`DecodeResult`): its passes (in its F bin, when F was
         computed) and its measured pieces."""
         t, forwards = result.timing, result.target_forwards
@@ -195,9 +194,9 @@ def _expected_ms(mode: Mode, count: int, total: float, positive: int, prefill: f
 
 def seed_passes(frames: dict[str, list], n_tokens: int) -> dict[Mode, np.ndarray]:
     """Target passes per calibration frame and mode, as the methods run them: retrieval 0 when
-    the prefill skip fires, else n / tokens-per-forward (a verify-skip is 1); drafter n / tpf."""
-    tpf_r = np.asarray(frames["tpf_retrieval"], dtype=np.float64)
-    tpf_d = np.asarray(frames["tpf_drafter"], dtype=np.float64)
+    the prefill skip fires, else n / tokens-per-forward (a verify-skip is 1); drafter n / tokens per forward."""
+    tpf_r = np.asarray(frames["tokens_per_forward_retrieval"], dtype=np.float64)
+    tpf_d = np.asarray(frames["tokens_per_forward_drafter"], dtype=np.float64)
     retrieval = n_tokens / tpf_r
     if "prefill_skipped" in frames:
         retrieval = np.where(np.asarray(frames["prefill_skipped"], dtype=bool), 0.0, retrieval)

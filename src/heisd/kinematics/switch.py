@@ -3,10 +3,11 @@ coarse motion), drafter SD for small F (curved, slow, fine motion) and before w 
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from heisd.decoding import DecodeResult
 from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
 
 Mode = Literal["retrieval", "drafter"]
@@ -18,7 +19,22 @@ class Decision(NamedTuple):
     expected_ms: float | None = None  # the chosen mode's predicted decode time (cost-aware switch)
 
 
+class Switch(Protocol):
+    """What a policy asks of a hybrid switch, per episode and per control step."""
+
+    def make_tracker(self, delta_scale: float | None = None) -> TrajectoryTracker:
+        """A new episode's end-effector tracker, with the switch's window and statistics."""
+
+    def mode(self, tracker: TrajectoryTracker) -> Decision:
+        """This step's mode, from the tracked path."""
+
+    def observe(self, mode: Mode, metric: float | None, result: DecodeResult) -> None:
+        """The decoded step, to learn from (or not)."""
+
+
 class KinematicSwitch:
+    """The paper's fixed boundary on F (a `Switch`)."""
+
     def __init__(self, config: KinematicConfig, stats: KinematicStats) -> None:
         stats.check(config)
         self.config, self.stats = config, stats
@@ -39,22 +55,22 @@ class KinematicSwitch:
         metric = tracker.fused()
         return Decision(self.decide(metric), metric)
 
-    def observe(self, mode: Mode, metric: float | None, result) -> None:
+    def observe(self, mode: Mode, metric: float | None, result: DecodeResult) -> None:
         """Nothing to learn: the boundary is fixed."""
 
 
-def calibrate_threshold(metrics: np.ndarray, tpf_retrieval: np.ndarray, tpf_drafter: np.ndarray,
+def calibrate_threshold(metrics: np.ndarray, tokens_per_forward_retrieval: np.ndarray, tokens_per_forward_drafter: np.ndarray,
                         n_candidates: int = 101) -> float:
     """Threshold on F maximizing mean expected tokens per target forward over frames.
 
-    `metrics[i]` is F on frame i; `tpf_retrieval[i]` / `tpf_drafter[i]` the tokens per target
+    `metrics[i]` is F on frame i; `tokens_per_forward_retrieval[i]` / `tokens_per_forward_drafter[i]` the tokens per target
     forward each mode achieves there (offline replay under the acceptance rules). Candidates:
     the F quantiles at `n_candidates` evenly spaced levels (observed values) plus one value
     above every F (drafter everywhere). Ties go to the lowest threshold: retrieval runs no
     draft model.
     """
     metrics, tpf_r, tpf_d = (np.asarray(a, dtype=np.float64).ravel()
-                             for a in (metrics, tpf_retrieval, tpf_drafter))
+                             for a in (metrics, tokens_per_forward_retrieval, tokens_per_forward_drafter))
     if not (len(metrics) == len(tpf_r) == len(tpf_d)) or len(metrics) == 0:
         raise ValueError("metrics and both tokens-per-forward arrays need one non-zero length")
     if not all(np.all(np.isfinite(a)) for a in (metrics, tpf_r, tpf_d)):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from heisd.decoding import ActionVocab, DecodeState, DraftTree, GroupRelaxedAcceptance, Proposal, Proposer
+from heisd.decoding import ActionVocab, DecodeState, DraftTree, GroupRelaxedAcceptance, Outcome, Proposal, Proposer
 from heisd.decoding.cost_rule import CostChoice
 from heisd.retrieval.datastore import Datastore, RetrievalResult
 
@@ -218,6 +218,7 @@ class RetrievalProposer(Proposer):
         self._context = context  # this step's query key and task
         self._result: RetrievalResult | None = None  # this step's Top-K, once queried
         self._drafted = False  # the step's first tree was proposed: later calls continue or fall back
+        self._delegated = False  # the latest proposal was the fallback's (its outcome is the fallback's)
         self._step_sequences: np.ndarray | None = None  # this step's retrieved draft sequences
         self._stats = RetrievalStepStats()
 
@@ -248,21 +249,30 @@ class RetrievalProposer(Proposer):
             self._stats.choices = list(getattr(self.fallback.end_step(), "choices", []))
         return self._stats
 
+    def observe(self, outcome: Outcome) -> None:
+        if self._delegated and self.fallback is not None:
+            self.fallback.observe(outcome)
+
     def propose(self, state: DecodeState) -> Proposal | None:
+        self._delegated = False
         if self._drafted:
             proposal = self._continuation(state)
             if proposal is not None:
                 return proposal
-            return self.fallback.propose(state) if self.fallback is not None else None
+            return self._fall_back(state)
         self._drafted = True
         result = self._result if self._result is not None else self._query()
         t1 = time.perf_counter()
         proposal = self._proposal(state, result) if len(result) else None
         self._stats.tree_ms = (time.perf_counter() - t1) * 1e3
         if proposal is None:  # nothing retrieved: this step is the fallback's
-            return self.fallback.propose(state) if self.fallback is not None else None
+            return self._fall_back(state)
         self._stats.tree_nodes = len(proposal.tree)
         return proposal
+
+    def _fall_back(self, state: DecodeState) -> Proposal | None:
+        self._delegated = True
+        return self.fallback.propose(state) if self.fallback is not None else None
 
     def _query(self) -> RetrievalResult:
         """This step's Top-K, timed."""

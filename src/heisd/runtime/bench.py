@@ -117,14 +117,14 @@ def _folder(mc: MethodConfig) -> str:
 
 
 def report_table(summaries: list[dict]) -> str:
-    head = ("| method | SR (episodes) | speedup | AL | target fwd | latency median / p90 ms | skip rate (prefill) "
-            "| retrieval frac | vision / prefill / retrieval / draft / verify / other ms |")
-    rows = [head, "|" + "---|" * 9]
+    head = ("| method | SR (episodes) | speedup | tokens / fwd | AL | target fwd | latency median / p90 ms "
+            "| skip rate (prefill) | retrieval frac | vision / prefill / retrieval / draft / verify / other ms |")
+    rows = [head, "|" + "---|" * 10]
     for s in summaries:
         b = s["breakdown_ms"]
         rows.append(
             f"| {s['method']} | {100 * s['sr']:.1f}% ({s['episodes']}) | {s['speedup']:.2f}x | "
-            f"{s['acceptance_length']:.2f} | {s['target_forwards']:.2f} | "
+            f"{s['tokens_per_forward']:.2f} | {s['acceptance_length']:.2f} | {s['target_forwards']:.2f} | "
             f"{s['latency_ms']['median']:.1f} / {s['latency_ms']['p90']:.1f} | "
             f"{s['skip_rate']:.2f} ({s['prefill_skip_rate']:.2f}) | "
             f"{s['retrieval_fraction']:.2f} | "
@@ -132,6 +132,23 @@ def report_table(summaries: list[dict]) -> str:
             + " |"
         )
     return "\n".join(rows) + "\n"
+
+
+def position_table(summaries: list[dict]) -> str:
+    """Per method that drafts: the acceptance rate at each draft depth (what trees are tuned with)."""
+    drafting = [s for s in summaries if s["acceptance_rate_by_position"]]
+    if not drafting:
+        return ""
+    depth = max(len(s["acceptance_rate_by_position"]) for s in drafting)
+    rows = ["## Acceptance by draft position\n",
+            "Of the verify passes whose draft reached depth k, the fraction that accepted k tokens or more.\n",
+            "| method | drafted passes | " + " | ".join(f"k={k}" for k in range(1, depth + 1)) + " |",
+            "|" + "---|" * (depth + 2)]
+    for s in drafting:
+        rates = s["acceptance_rate_by_position"]
+        cells = [f"{r:.2f}" for r in rates] + ["-"] * (depth - len(rates))
+        rows.append(f"| {s['method']} | {s['drafted_passes']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n\n"
 
 
 def switch_table(summaries: list[dict]) -> str:
@@ -183,7 +200,7 @@ def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig
         f"Tasks: {', '.join(cfg.tasks)}; {cfg.episodes} episodes per task; evaluation seed {cfg.seed}; "
         f"{limit}. Speedup = AR median latency / method median latency, same run.\n\n"
         + report_table(summaries)
-        + "\n## Success per task\n\n" + "\n".join(task_rows) + "\n\n" + switch_table(summaries) + "## Plots\n\n"
+        + "\n## Success per task\n\n" + "\n".join(task_rows) + "\n\n" + position_table(summaries) + switch_table(summaries) + "## Plots\n\n"
         + "".join(f"![{p.stem}]({p.name})\n" for p in plots)
     )
     path = out / "report.md"

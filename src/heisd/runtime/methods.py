@@ -19,9 +19,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from heisd.drafter.proposer import TreeConfig
 from heisd.retrieval.proposer import RetrievalConfig
+
+if TYPE_CHECKING:
+    from heisd.decoding import SpeculativeDecoder
+    from heisd.kinematics import Switch
+    from heisd.retrieval.proposer import RetrievalProposer
 
 METHODS = ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "heisd")
 FALLBACKS = ("ar", "drafter", "jacobi", "cost")
@@ -123,9 +129,9 @@ class MethodConfig:
 class Decoders:
     """What a policy needs: one configured decoder per mode and the mode chooser."""
 
-    by_mode: dict  # mode name -> SpeculativeDecoder
-    switch: object | None  # KinematicSwitch for heisd, else None (single mode)
-    retrieval: object | None  # the RetrievalProposer (for skip-threshold updates)
+    by_mode: dict[str, SpeculativeDecoder]  # mode name -> its decoder
+    switch: Switch | None  # heisd's mode chooser, else None (single mode)
+    retrieval: RetrievalProposer | None  # for skip-threshold updates
 
     @property
     def fixed_mode(self) -> str | None:
@@ -217,6 +223,9 @@ def _switch(cfg: MethodConfig, datastore, n_tokens: int):
         if "calibration_frames" not in extras:
             raise DatastoreError(cfg.datastore, "is not calibrated: run `heisd calibrate` "
                                  "(or use --switch threshold with --switch-threshold)")
+        if "tokens_per_forward_retrieval" not in extras["calibration_frames"]:
+            raise DatastoreError(cfg.datastore, "was calibrated by an older heisd (its figures are named tpf_*): "
+                                 "run `heisd calibrate` again")
         return CostAwareSwitch(kcfg, stats, extras["calibration_frames"], n_tokens)
     threshold = cfg.switch_threshold
     if threshold is None:

@@ -1,4 +1,4 @@
-"""DESIGN section 3 metrics, defined once: per-episode aggregation and the run summary."""
+"""The reported metrics, defined once: per-episode aggregation and the run summary."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ def episode_steps(records: list[StepRecord]) -> dict:
         "latency_ms": [round(r.latency_ms, 4) for r in records],
         "breakdown_ms": {k: [round(r.breakdown_ms[k], 4) for r in records] for k in BREAKDOWN_KEYS},
         "target_forwards": [r.target_forwards for r in records],
-        "acceptance_length": [round(r.acceptance_length, 4) for r in records],
+        "tokens_per_forward": [round(r.tokens_per_forward, 4) for r in records],
+        "accepted": [r.accepted for r in records],  # per step: accepted draft tokens per verify pass
+        "draft_depth": [r.draft_depths for r in records],  # per step: the verified tree's depth per pass
         "skipped": [r.skipped for r in records],
         "mode": [r.mode for r in records],
         "metric": [None if r.metric is None else round(r.metric, 5) for r in records],
@@ -42,12 +44,28 @@ def decoding_metrics(step_lists: list[dict]) -> dict:
         "breakdown_ms": {k: float(np.mean(np.concatenate([s["breakdown_ms"][k] for s in step_lists])))
                          for k in BREAKDOWN_KEYS},
         "target_forwards": float(pooled("target_forwards").mean()),
-        "acceptance_length": float(pooled("acceptance_length").mean()),
+        "tokens_per_forward": float(pooled("tokens_per_forward").mean()),
+        **acceptance_metrics(step_lists),
         "skip_rate": float(pooled("skipped").mean()),  # any skip: verify-skip or prefill skip
         "prefill_skip_rate": float((pooled("target_forwards") == 0).mean()),  # the target did not run
         "retrieval_fraction": float(np.mean(np.concatenate([np.asarray(s["mode"]) for s in step_lists]) == "retrieval")),
         "switch": switch_metrics(step_lists),
     }
+
+
+def acceptance_metrics(step_lists: list[dict]) -> dict:
+    """Acceptance as the speculative-decoding literature (EAGLE, vLLM) counts it, over the verify
+    passes that checked a draft: `acceptance_length` = 1 + accepted draft tokens per such pass
+    (1.0 when nothing was drafted, as for AR); `acceptance_rate_by_position[k-1]`: of the passes
+    whose draft reached depth k, the fraction that accepted k or more. Tokens accepted with no
+    verify pass (skips) are not in these; `tokens_per_forward` counts them."""
+    passes = [(a, d) for s in step_lists for step_a, step_d in zip(s["accepted"], s["draft_depth"])
+              for a, d in zip(step_a, step_d) if d > 0]
+    accepted = np.array([a for a, _ in passes], dtype=float)
+    depths = np.array([d for _, d in passes], dtype=int)
+    rates = [float((accepted[depths >= k] >= k).mean()) for k in range(1, int(depths.max(initial=0)) + 1)]
+    return {"acceptance_length": 1.0 + (float(accepted.mean()) if len(passes) else 0.0),
+            "drafted_passes": len(passes), "acceptance_rate_by_position": rates}
 
 
 def switch_metrics(step_lists: list[dict]) -> dict:

@@ -1,7 +1,7 @@
 """The target VLA as a robot policy: `reset()`, then `act(obs)` per control step (LeRobot-style).
 
 One control step = vision + prefill + decoding of one action chunk with the method's decoder.
-The step's record carries every number DESIGN section 3 defines, measured here, in one place.
+The step's record carries every number the reports define, measured here, in one place.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import numpy as np
 import torch
 
 from heisd.errors import NonFiniteError
+from heisd.kinematics import TrajectoryTracker
 from heisd.runtime.methods import Decoders
+from heisd.targets import Target
 
 
 @dataclass
@@ -23,7 +25,9 @@ class StepRecord:
     latency_ms: float  # observation in -> action out
     breakdown_ms: dict[str, float]  # vision, prefill, retrieval, draft, verify, other
     target_forwards: int  # prefill included
-    acceptance_length: float  # tokens per target forward
+    tokens_per_forward: float  # action tokens per target forward (a step with none counts n)
+    accepted: list[int]  # accepted draft tokens per verify pass
+    draft_depths: list[int]  # depth of the tree each verify pass checked (0: a plain AR pass)
     skipped: bool  # retrieval draft accepted with no verify pass
     mode: str  # "retrieval" or "drafter" (ar/specvla run in drafter mode)
     metric: float | None  # kinematic F of this step (heisd), None before w positions
@@ -35,12 +39,12 @@ class StepRecord:
 
 @dataclass
 class VLAPolicy:
-    target: object  # a heisd.targets.Target (the small VLA or OpenVLA)
+    target: Target  # the small VLA or OpenVLA
     decoders: Decoders
     instruction: str = ""
     task: str | None = None
     _prompt: torch.Tensor | None = field(default=None, repr=False)
-    _tracker: object | None = field(default=None, repr=False)
+    _tracker: TrajectoryTracker | None = field(default=None, repr=False)
     _previous: list[int] | None = field(default=None, repr=False)  # the last step's action tokens
     _step: int = field(default=0, repr=False)  # control steps of this episode so far (names a failing one)
 
@@ -117,7 +121,8 @@ class VLAPolicy:
         }
         record = StepRecord(
             tokens=list(result.tokens), latency_ms=(t2 - t0) * 1e3, breakdown_ms=breakdown,
-            target_forwards=result.target_forwards, acceptance_length=result.acceptance_length,
+            target_forwards=result.target_forwards, tokens_per_forward=result.tokens_per_forward,
+            accepted=list(result.accepted_lengths), draft_depths=list(result.draft_depths),
             skipped=result.skipped_tokens > 0, mode=mode, metric=metric, deviation=result.deviation,
             decode_ms=timing.prefill_ms + timing.draft_ms + timing.verify_ms + timing.other_ms, expected_ms=expected,
             choices=list(getattr(result.proposer_stats, "choices", [])),
