@@ -33,7 +33,7 @@ def test_shipped_target_and_drafter_act():
         assert actions.shape == (2, 4) and np.isfinite(actions).all()
         results[method] = record
     assert results["ar"].target_forwards == 8
-    # recorded when this target was shipped (issue 14): a change that moves its tokens shows here
+    # recorded when this target was shipped: a change that moves its tokens shows here
     assert results["ar"].tokens == [538, 367, 433, 494, 537, 367, 433, 494]
     assert results["specvla"].tokens == results["ar"].tokens  # exact acceptance is lossless
 

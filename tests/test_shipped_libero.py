@@ -52,7 +52,7 @@ def test_shipped_libero_target_runs_an_episode_and_specvla_keeps_its_tokens(vla)
         assert actions.shape == (1, 7) and np.isfinite(actions).all()
         tokens[method] = record.tokens
     assert tokens["specvla"] == tokens["ar"]  # exact acceptance is lossless
-    # recorded when this target was shipped (issue 15): a change that moves its tokens shows here
+    # recorded when this target was shipped: a change that moves its tokens shows here
     assert tokens["ar"] == [375, 629, 629, 629, 629, 629, 629]
     env.close()
 

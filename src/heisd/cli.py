@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-# subcommand name -> module under heisd.commands (names fixed by DESIGN.md section 5)
+# subcommand name -> module under heisd.commands (the pipeline of docs/design.md §3.2)
 COMMANDS = {
     "demos": "demos",
     "train-vla": "train_vla",

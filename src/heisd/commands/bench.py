@@ -31,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import shlex
-    import sys
     from dataclasses import replace
     from pathlib import Path
 
@@ -40,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from heisd.commands.common import camera_of, check_closed_loop, load_target, method_config
     from heisd.runtime.bench import QUICK_TASKS, full_heisd, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig
+    from heisd.storage import recorded_command
 
     if args.quick:
         if args.benchmark != "mw":
@@ -63,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     summaries = run_bench(target, configs, cfg, out, persist=full_heisd(base) if args.persist_thresholds else None,
                           target_path=args.target)
-    report = write_report(summaries, out, "heisd " + shlex.join(sys.argv[1:]), cfg)
+    report = write_report(summaries, out, recorded_command(), cfg)
     print(report_table(summaries))
     print(f"report: {report}")
     print("plots: " + ", ".join(str(p) for p in sorted(out.glob("*.png"))))

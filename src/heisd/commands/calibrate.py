@@ -150,6 +150,7 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
     from heisd.retrieval.build import KINEMATIC_STATS_KEY, encode_frames
     from heisd.retrieval.verify_skip import cosine, draft_passes
     from heisd.runtime.methods import mode_decoders
+    from heisd.storage import recorded_path
 
     kin_config = KinematicConfig(**datastore.extras.get("kinematic_config", {}))
     kin_stats = KinematicStats.from_dict(datastore.extras[KINEMATIC_STATS_KEY])
@@ -203,7 +204,7 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
                 rows["tokens_per_forward_drafter"].append(drafting.decode(embeds).tokens_per_forward if drafting else 1.0)
                 window = ep.ee_pos[t - w + 1 : t + 1] if t + 1 >= w else None
                 rows["F"].append(np.nan if window is None else fused_metric(window, kin_stats, kin_config))
-                where.append([str(path), name, int(t)])
+                where.append([recorded_path(path), name, int(t)])
                 bar.update(1)
     return {key: np.asarray(values, dtype=bool if key in ("guard", "passes", "passes_full") else np.float64)
             for key, values in rows.items()}, where

@@ -7,7 +7,7 @@ import argparse
 import platform
 from pathlib import Path
 
-from heisd.storage import OutputKind, check_output, write_json
+from heisd.storage import OutputKind, check_output, recorded_path, write_json
 from heisd.storage.guard import json_file_with
 
 LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
@@ -70,7 +70,7 @@ def _load(args: argparse.Namespace, device, dtype):
         from heisd.targets import load_target
 
         target = load_target(args.target, device, dtype, unnorm_key=args.unnorm_key)
-        name = str(args.target)
+        name = recorded_path(args.target)
     drafter = None
     if args.random_drafter:
         torch.manual_seed(args.seed)

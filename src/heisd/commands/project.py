@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from heisd.profiling.projection import format_projection, project_bench
-    from heisd.storage import OutputKind, check_output, write_json
+    from heisd.storage import OutputKind, check_output, recorded_path, write_json
     from heisd.storage.guard import json_file_with
 
     if args.out is not None:
@@ -38,5 +38,5 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"heisd project: {e}") from e
     print(format_projection(rows, profile))
     if args.out is not None:
-        write_json(args.out, {"projection": True, "profile": str(args.profile), "rows": rows})
+        write_json(args.out, {"projection": True, "profile": recorded_path(args.profile), "rows": rows})
     return 0

@@ -8,7 +8,7 @@ behaviour cloning needs. Every episode starts from a layout drawn from its own s
 LIBERO's placement samplers), never from the init states LIBERO's evaluation uses.
 
 Or the target's own closed-loop rollouts (`DemoConfig.policy` = a checkpoint directory, AR
-decoding; ours, DESIGN 9): every episode is kept, failed ones too, since a datastore drafts
+decoding; ours, docs/design.md §2.2): every episode is kept, failed ones too, since a datastore drafts
 the target's own tokens, which are right wherever the target goes. Their layouts must stay
 disjoint from the evaluation layouts: seeds from EVAL_SEED_OFFSET on are refused.
 

@@ -100,7 +100,7 @@ class TokenRelaxedAcceptance(AcceptanceRule):
 
 
 class GroupRelaxedAcceptance(AcceptanceRule):
-    """HeiSD (DESIGN 2.2): a group of action positions is accepted or rejected as a whole.
+    """HeiSD (docs/design.md §2.4): a group of action positions is accepted or rejected as a whole.
 
     A group is kept when its bin deviations sum to <= ``max_sum`` and each is <= ``max_dev``;
     the ``exact_groups`` (grippers) must match exactly. Groups are contiguous, in order, and

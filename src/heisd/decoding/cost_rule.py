@@ -1,4 +1,4 @@
-"""The cost rule shared by the retrieval fallback and the drafter's tree size (ours, issue 13):
+"""The cost rule shared by the retrieval fallback and the drafter's tree size (ours, docs/design.md §2.13):
 among a few ways to decode the next tokens, take the one with the lowest expected milliseconds,
 from what each measurably cost in this process; an option never measured is tried first.
 

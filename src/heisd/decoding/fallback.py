@@ -1,4 +1,4 @@
-"""`--retrieval-fallback cost` (ours, issue 13): after a rejected retrieval group, the fallback
+"""`--retrieval-fallback cost` (ours, docs/design.md §2.8): after a rejected retrieval group, the fallback
 (plain AR, Jacobi iterations or the drafter) expected to finish the step's remaining tokens in the
 fewest milliseconds, by the shared cost rule (`heisd.decoding.cost_rule`).
 

@@ -1,7 +1,7 @@
 """One decode loop for every method: AR, drafter SD, retrieval SD, HeiSD.
 
 AR is this loop with no proposer (each step verifies an empty tree); the methods differ
-only in the proposer and the acceptance rule they plug in (DESIGN 6).
+only in the proposer and the acceptance rule they plug in (docs/design.md §2.1).
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ class DecodeResult:
 
     @property
     def tokens_per_forward(self) -> float:
-        """Action tokens per target forward, the prefill included; a step with no forward counts n."""
+        """Action tokens per target forward, the prefill included (docs/design.md §4.1); a step with
+        no forward counts n, like a skip."""
         return len(self.tokens) / self.target_forwards if self.target_forwards else float(len(self.tokens))
 
 

@@ -4,7 +4,7 @@ A tree hangs below a *root*: the last emitted token, which the target has not ye
 processed. Node ``i`` holds one draft token; ``parents[i] == -1`` makes it a child of
 the root. Nodes are in topological order (``parents[i] < i``), so one forward sweep
 over the arrays visits every parent before its children (EAGLE keeps tree shapes as
-data in the same way). A group-wise tree (retrieval, DESIGN 2.2) is just a token tree
+data in the same way). A group-wise tree (retrieval, docs/design.md §2.3) is just a token tree
 whose branching happens at group boundaries.
 """
 

@@ -1,4 +1,5 @@
-"""The EAGLE-style draft model of the SpecVLA baseline (DESIGN 1): one decoder layer on target features.
+"""The EAGLE-style draft model of the SpecVLA baseline (docs/design.md §2.11): one decoder layer
+on target features.
 
 Input pair i is (f_i, t_i): the target's lm_head input f_i that predicted token t_i, and t_i
 itself. ``fc([embed(t_i) ; f_i])`` maps the pair to the model width, ONE ``LlamaDecoderLayer``

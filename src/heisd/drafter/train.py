@@ -29,7 +29,8 @@ from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.decoding.rollout import Features
 from heisd.drafter.model import CONFIG_FILE, WEIGHTS_FILE, Drafter, DrafterConfig, DrafterTarget, additive_mask
 from heisd.errors import InputError
-from heisd.storage import OutputKind, atomic_file, check_output, clear_output, directory_lock, strict_json, write_json
+from heisd.storage import (OutputKind, atomic_file, check_output, clear_output, directory_lock, recorded_command,
+                           recorded_path, strict_json, write_json)
 from heisd.storage.guard import json_with
 from heisd.targets.base import Target
 from heisd.targets.rollout import rollout_frames
@@ -253,8 +254,8 @@ def _train_drafter(target: Target, target_dir: str | Path, demos: Sequence[Path]
     t0 = time.perf_counter()
     metrics = fit(drafter, train, cfg, val, out / LOG_FILE)
     drafter.save_pretrained(out)
-    info = {"command": " ".join(sys.argv), "seed": cfg.seed, "target": str(target_dir),
-            "target_fingerprint": bound.fingerprint, "demos": [str(p) for p in demos],
+    info = {"command": recorded_command(), "seed": cfg.seed, "target": recorded_path(target_dir),
+            "target_fingerprint": bound.fingerprint, "demos": [recorded_path(p) for p in demos],
             "train_frames": len(train), "val_frames": len(val), "val_top1": metrics["val_top1"], **gen_info,
             "threads": torch.get_num_threads(), "drafter_params": sum(p.numel() for p in drafter.parameters()),
             "train_time_s": round(time.perf_counter() - t0, 1), "wall_time_s": round(time.perf_counter() - wall0, 1),

@@ -1,4 +1,4 @@
-"""Kinematic fused metric and the retrieval/drafter hybrid switch (DESIGN 2.4)."""
+"""Kinematic fused metric and the retrieval/drafter hybrid switch (docs/design.md §2.9, §2.10)."""
 
 from heisd.kinematics.cost import CostAwareSwitch, CostSwitchConfig
 from heisd.kinematics.metric import (KinematicConfig, KinematicStats, TrajectoryTracker,

@@ -1,4 +1,4 @@
-"""Cost-aware hybrid switch (ours, DESIGN 2.4 and 9): per control step, the mode with the
+"""Cost-aware hybrid switch (ours, docs/design.md §2.10 and §5.2): per control step, the mode with the
 lowest expected decoding latency on the hardware at hand.
 
 Expected latency of a mode at kinematic metric F:

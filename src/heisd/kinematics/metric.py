@@ -1,4 +1,4 @@
-"""Kinematic fused metric F (DESIGN 2.4): how straight (R) and how far (D) the end effector
+"""Kinematic fused metric F (docs/design.md §2.9): how straight (R) and how far (D) the end effector
 moved over the last w steps, each min-max normalized with demonstration statistics."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hybrid boundary (DESIGN 2.4): per control step, retrieval SD for large F (straight, fast,
+"""Hybrid boundary (docs/design.md §2.10): per control step, retrieval SD for large F (straight, fast,
 coarse motion), drafter SD for small F (curved, slow, fine motion) and before w steps exist."""
 
 from __future__ import annotations

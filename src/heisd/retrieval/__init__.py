@@ -1,5 +1,6 @@
-"""Retrieval side of HeiSD: the demonstration datastore and its vector index (DESIGN 2.1),
-retrieval drafts as a sequence-wise group tree (2.2) and adaptive verify-skip (2.3)."""
+"""Retrieval side of HeiSD (docs/design.md): the demonstration datastore and its vector index
+(§2.2), retrieval drafts as a sequence-wise group tree (§2.3), adaptive verify-skip (§2.5) and
+prefill skip (§2.6)."""
 
 from heisd.retrieval.build import BuildConfig, build_datastore, open_datastore
 from heisd.retrieval.datastore import Datastore, DatastoreWriter, RetrievalResult

@@ -1,4 +1,4 @@
-"""Building the datastore from demonstrations with the target (DESIGN 2.1).
+"""Building the datastore from demonstrations with the target (docs/design.md §2.2).
 
 One entry per demonstration frame: key = the target's retrieval key (`Target.retrieval_key`:
 for the small VLA its pooled vision feature beside the normalized state, for OpenVLA its
@@ -26,7 +26,7 @@ from heisd.kinematics import KinematicConfig, KinematicStats
 from heisd.retrieval.datastore import Datastore, DatastoreWriter
 from heisd.retrieval.index import IndexConfig, IndexKind
 from heisd.retrieval.manifest import DATASTORE, read_manifest, sha256_file
-from heisd.storage import check_output
+from heisd.storage import check_output, recorded_path
 from heisd.targets.base import Target
 from heisd.targets.rollout import rollout_frames
 from heisd.vla.frames import chunk_targets
@@ -106,7 +106,7 @@ def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | 
                 if source == "dagger":  # expert labels on the target's states: neither kind of entry
                     raise DemoFormatError(f"{path}: a DAgger file (the target acted, the expert labelled) is "
                                           "training data for train-vla, not datastore entries")
-                tally = {"path": str(path), "source": source, "episodes": [episodes, episodes], "frames": 0}
+                tally = {"path": recorded_path(path), "source": source, "episodes": [episodes, episodes], "frames": 0}
                 sources.append(tally)
                 for ep in f:
                     bar.update(1)
@@ -134,7 +134,7 @@ def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | 
     kinematic = KinematicConfig()
     if not trajectories:
         raise DemoFormatError("the kinematic statistics need expert demonstrations beside the target's rollouts")
-    summary = {"demos": [str(p) for p in demos], "demo_files": [demo_identity(p) for p in demos],
+    summary = {"demos": [recorded_path(p) for p in demos], "demo_files": [demo_identity(p) for p in demos],
                "episodes": episodes, "dropped_failed": dropped, "dropped_invalid": invalid, "sources": sources,
                "frames": len(writer), "seconds": round(seconds, 2),
                "frames_per_s": round(len(writer) / seconds, 1), "threads": torch.get_num_threads(),
@@ -153,7 +153,7 @@ def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | 
 def demo_identity(path: str | Path) -> dict[str, Any]:
     """A demonstration file by content (a copy under another name is the same file)."""
     path = Path(path)
-    return {"path": str(path.resolve()), "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return {"path": recorded_path(path), "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
 def check_held_out(root: str | Path, demos: Sequence[str | Path]) -> None:

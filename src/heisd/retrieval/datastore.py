@@ -1,4 +1,4 @@
-"""The demonstration datastore (DESIGN 2.1): one entry per demonstration frame, searched by
+"""The demonstration datastore (docs/design.md §2.2): one entry per demonstration frame, searched by
 image-feature key, one collection per task plus a global fallback collection.
 
 Build with `DatastoreWriter` (append batches, then `finalize(dir)`); read with
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -150,8 +149,9 @@ def _own_files(root: Path) -> list[str]:
 
 
 def _creation_info() -> dict[str, str]:
+    """When and with what versions (not on which machine: a manifest may be committed)."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    return {"utc": now, "host": platform.node(), "heisd": heisd.__version__,
+    return {"utc": now, "heisd": heisd.__version__,
             "faiss": faiss.__version__, "numpy": np.__version__}
 
 

@@ -1,4 +1,4 @@
-"""Retrieval-based drafts (DESIGN 2.2): Top-K demonstration entries -> a sequence-wise group tree.
+"""Retrieval-based drafts (docs/design.md §2.3): Top-K demonstration entries -> a sequence-wise group tree.
 
 Per control step, the first `propose` call queries the datastore with the current image
 feature and hands back one tree whose nodes are whole action groups (xyz | g | xyz' | g').

@@ -1,4 +1,4 @@
-"""Adaptive verify-skip (DESIGN 2.3): accept a retrieved draft with no verify pass when the
+"""Adaptive verify-skip (docs/design.md §2.5): accept a retrieved draft with no verify pass when the
 target's current lm_head-input feature is close to the one stored with the top-1 result.
 
 Skip when cosine(prefill hidden, stored hidden) >= theta AND the retrieved sequence agrees
@@ -8,10 +8,10 @@ in the datastore manifest under `extras["verify_skip"]`, and adapted online afte
 in memory: the datastore is read-only at run time. A run keeps its adapted thetas in its own
 folder; `heisd.retrieval.online` merges them into the manifest only when asked to.
 
-Prefill skip (ours): the same test one step earlier, on the retrieval key. When the cosine
-similarity of the current image feature to the top-1 entry's is >= its own theta, the top-1
-sequence is the whole action and the target does not run at all (no prefill): the step
-costs vision + one query. Calibrated the same way (its drafts must pass the group-relaxed
+Prefill skip (ours, docs/design.md §2.6): the same test one step earlier, on the retrieval key.
+When the cosine similarity of the current image feature to the top-1 entry's is >= its own
+theta, the top-1 sequence is the whole action and the target does not run at all (no prefill):
+the step costs vision + one query. Calibrated the same way (its drafts must pass the group-relaxed
 check on every position, the first included, since no free first token exists), adapted
 online, stored under `extras["prefill_skip"]`.
 """

@@ -1,6 +1,6 @@
 """`heisd bench`: every method on identical seeds in one run, the table and the plots.
 
-The ablation ladder of the paper (DESIGN 2.5) is three configurations of `heisd` with its
+The ablation ladder of the paper (docs/design.md §2.14) is three configurations of `heisd` with its
 fixed-threshold switch: metric only (retrieval drafts checked exactly, never skipped) ->
 + verify-skip -> + group acceptance (= the paper's full HeiSD); then ours: + prefill skip,
 and the cost-aware switch, lossless and with every mechanism; beside them retrieval and HeiSD

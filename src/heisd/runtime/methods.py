@@ -1,4 +1,4 @@
-"""Methods are configurations of the one decode loop (DESIGN 6): a proposer + an acceptance rule
+"""Methods are configurations of the one decode loop (docs/design.md §2.14): a proposer + an acceptance rule
 per decoding mode, and how a control step picks its mode.
 
 | method           | retrieval mode                         | drafter mode               | mode per step       |

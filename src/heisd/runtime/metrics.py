@@ -1,4 +1,4 @@
-"""The reported metrics, defined once: per-episode aggregation and the run summary."""
+"""The metrics of docs/design.md §4, defined once: per-episode aggregation and the run summary."""
 
 from __future__ import annotations
 

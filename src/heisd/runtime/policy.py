@@ -1,7 +1,7 @@
 """The target VLA as a robot policy: `reset()`, then `act(obs)` per control step (LeRobot-style).
 
 One control step = vision + prefill + decoding of one action chunk with the method's decoder.
-The step's record carries every number the reports define, measured here, in one place.
+The step's record carries every number docs/design.md §4.1 defines, measured here, in one place.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class VLAPolicy:
         self._tracker = switch.make_tracker() if switch is not None else None
 
     def end_episode(self, success: bool) -> None:
-        """Adaptive verify-skip learns from task outcomes (DESIGN 2.3), in memory."""
+        """Adaptive verify-skip learns from task outcomes (docs/design.md §2.5), in memory."""
         for skip in self.skip_thresholds():
             skip.update(success)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from heisd.errors import OutputError
-from heisd.storage import OutputKind, write_json
+from heisd.storage import OutputKind, recorded_path, write_json
 from heisd.storage.guard import json_with
 
 RUN_FILE = "run.json"
@@ -53,7 +53,8 @@ def run_identity(target_fingerprint: str, mc, target_path: str | None = None) ->
         identity["drafter"] = {"fingerprint": _sha256_files([Path(mc.drafter, n) for n in (CONFIG_FILE, WEIGHTS_FILE)])}
     if mc.datastore:
         identity["datastore"] = datastore_identity(Path(mc.datastore))
-    identity[PATHS_KEY] = {"target": target_path, "drafter": mc.drafter, "datastore": mc.datastore}
+    paths = {"target": target_path, "drafter": mc.drafter, "datastore": mc.datastore}
+    identity[PATHS_KEY] = {name: None if path is None else recorded_path(path) for name, path in paths.items()}
     return identity
 
 

@@ -175,7 +175,7 @@ def paired(url: str, policy, steps: list[PlannedStep], expected: list[list[int]]
         "requests": len(rtt), "mismatched": mismatched,
         "in_process_ms": {"p50": _pct(local, 50), "p99": _pct(local, 99)},
         "rtt_ms": {"p50": _pct(rtt, 50), "p99": _pct(rtt, 99)},
-        # the measure: p50 latency through the server minus p50 in-process latency
+        # what serving adds to a step: p50 latency through the server minus p50 in-process latency
         "server_overhead_ms": round(float(np.median(rtt) - np.median(local)), 3),
         "paired_overhead_ms": {"p50": _pct(rtt - local, 50), "p99": _pct(rtt - local, 99)},
         # inside the server: body read + decode + queue hand-offs + encode (the step itself excluded)

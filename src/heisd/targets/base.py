@@ -1,4 +1,4 @@
-"""What every target VLA offers the rest of heisd (DESIGN 9): one interface, two implementations.
+"""What every target VLA offers the rest of heisd (docs/design.md §5.1): one interface, two implementations.
 
 A target turns an observation (camera frames, instruction, optional proprioception) into
 prefix embeddings for a `transformers` causal LM and reads action tokens back. The decode

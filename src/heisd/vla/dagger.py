@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from heisd.errors import ConfigError, OutputError
-from heisd.storage import OutputKind, check_output, directory_lock, refuse_foreign, strict_json, write_json
+from heisd.storage import (OutputKind, check_output, directory_lock, recorded_path, refuse_foreign, strict_json,
+                           write_json)
 from heisd.storage.guard import json_with
 
 CONFIG_FILE = "dagger.json"
@@ -148,7 +149,7 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
     if r not in logged_rounds(out):
         _log(out, {"round": r, "actor": str(actor), "checkpoint": str(ckpt), "rollout_seed": cfg.round_seed(r),
                    "actor_success": rollout_success(rollout_files(cfg, folder)),
-                   "data_files": [str(p) for p in data], "rollout_s": round(rollout_s, 1),
+                   "data_files": [recorded_path(p) for p in data], "rollout_s": round(rollout_s, 1),
                    "train_s": round(time.perf_counter() - t1, 1),
                    "train_metrics": read_train_info(ckpt).get("last_metrics", {})})
     return ckpt

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,8 +20,8 @@ from tqdm import tqdm
 
 from heisd.data.dataset import compute_action_stats
 from heisd.errors import InputError, UsageError
-from heisd.storage import (OutputKind, atomic_file, check_output, clear_output, directory_lock, strict_json,
-                           write_json, write_text)
+from heisd.storage import (OutputKind, atomic_file, check_output, clear_output, directory_lock, recorded_command,
+                           recorded_path, strict_json, write_json, write_text)
 from heisd.storage.guard import has_file, json_with
 from heisd.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
 from heisd.vla.frames import EpochSampler, Frames, build_frames, read_episodes
@@ -244,9 +243,9 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
         step, train_time = state["step"], state["train_time_s"]
     _truncate_log(out / LOG_FILE, step)
 
-    info = {"command": " ".join(sys.argv), "seed": cfg.seed, "demos": [str(p) for p in paths], **data,
+    info = {"command": recorded_command(), "seed": cfg.seed, "demos": [recorded_path(p) for p in paths], **data,
             "camera": demo_camera(paths),
-            "init_from": str(init_from) if init_from is not None else None,
+            "init_from": recorded_path(init_from) if init_from is not None else None,
             "dropped_failed_episodes": setup.dropped, "dropped_invalid_episodes": setup.invalid, "threads": torch.get_num_threads(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
             "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
