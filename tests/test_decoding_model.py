@@ -458,3 +458,48 @@ def test_the_loop_reports_each_verify_pass_to_the_proposer():
     assert len(seen) == result.target_forwards - 1 == len(result.draft_depths) == len(result.accepted_lengths)
     assert all(nodes == 0 and accepted == [] for _, nodes, accepted in seen[1:])  # plain AR passes after it
     assert result.draft_depths[1:] == [0] * (len(seen) - 1)
+
+
+def test_commit_moves_only_the_accepted_rows_in_place():
+    """A side branch is compacted inside the same storage: no new tensors, the prefix untouched."""
+    model, embeds = tiny_target(1), prefix(1, 6)
+    verifier = Verifier(model)
+    pre = verifier.prefill(embeds)
+    out = verifier.verify(pre.cache, [pre.token], DraftTree.from_sequences([[60, 70, 80], [61, 71, 81]]))
+    before = [(layer.keys.data_ptr(), layer.keys[:, :, :6].clone()) for layer in pre.cache.layers]
+    stored = [layer.keys[:, :, 7 + 3 : 7 + 5].clone() for layer in pre.cache.layers]  # nodes 3, 4
+    verifier.commit(pre.cache, out, [3, 4])
+    assert pre.cache.get_seq_length() == 6 + 1 + 2
+    for layer, (pointer, prefix_keys), rows in zip(pre.cache.layers, before, stored):
+        assert layer.keys.data_ptr() == pointer  # the same storage: a view cut to length
+        assert torch.equal(layer.keys[:, :, :6], prefix_keys) and torch.equal(layer.keys[:, :, 7:9], rows)
+
+
+def test_a_cache_the_commit_would_corrupt_is_refused():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from heisd.errors import ConfigError
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(vocab_size=PADDED, hidden_size=HIDDEN, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             sliding_window=4, max_position_embeddings=64)).eval()
+    with pytest.raises(ConfigError, match="DynamicSlidingWindowLayer layers; heisd's tree verification commits"):
+        Verifier(model).prefill(prefix(0, 6))
+
+
+@pytest.mark.parametrize("branch", [[0, 1], [3, 4]])
+def test_bfloat16_tree_pass_and_commit_follow_float32(branch):
+    """The same tree pass and commit in bf16 (OpenVLA's GPU dtype) stay close to fp32, here on CPU:
+    the mask's finfo.min and the in-place row moves hold in the lower precision too."""
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_target(1).to(dtype)
+        verifier = Verifier(model)
+        pre = verifier.prefill(prefix(1, 5).to(dtype))
+        out = verifier.verify(pre.cache, [pre.token], DraftTree.from_sequences([[60, 70, 80], [61, 71, 81]]))
+        verifier.commit(pre.cache, out, branch)
+        follow = verifier.verify(pre.cache, [90], DraftTree.chain([92]))
+        results[dtype] = (out.hidden.float(), follow.hidden.float())
+    for full, low in zip(results[torch.float32], results[torch.bfloat16]):
+        torch.testing.assert_close(low, full, atol=0.1, rtol=0.05)

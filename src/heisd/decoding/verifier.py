@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from heisd.decoding.tree import DraftTree
-from heisd.errors import NonFiniteError
+from heisd.errors import ConfigError, NonFiniteError
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Verifier:
         if prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != 1:
             raise ValueError(f"prefix_embeds must be [1, P, d], got {tuple(prefix_embeds.shape)}")
         cache = DynamicCache(config=self.model.config)
+        check_cache(cache)
         out = self.decoder(inputs_embeds=prefix_embeds, cache=cache, use_cache=True)
         hidden = out.last_hidden_state[0, -1]
         token = int(self._greedy(self.lm_head(hidden), label))
@@ -117,17 +119,32 @@ class Verifier:
 
     @staticmethod
     def commit(cache: DynamicCache, verification: Verification, accepted_nodes: Sequence[int]) -> None:
-        """Keep in the cache only the prefix, the roots and the accepted path; compact in place."""
+        """Keep in the cache only the prefix, the roots and the accepted path, in place (EAGLE's
+        way): the accepted nodes' rows move up behind the roots, then the tail is cut off. Only
+        those rows are copied, never the prefix (~300 positions x 32 layers at OpenVLA-7B)."""
+        check_cache(cache)
         start = verification.past_len + verification.n_roots
         nodes = torch.as_tensor(list(accepted_nodes), dtype=torch.long)
         kept = len(nodes)
+        if not torch.equal(nodes, torch.arange(kept)):  # a leading chain is already in place
+            # a path's node indices increase with depth, so row i moves from start + nodes[i] to
+            # start + i (never down); the right side is gathered before it is written
+            source, target = start + nodes, start + torch.arange(kept)
+            for layer in cache.layers:
+                src, dst = source.to(layer.keys.device), target.to(layer.keys.device)
+                layer.keys[:, :, dst] = layer.keys[:, :, src]
+                layer.values[:, :, dst] = layer.values[:, :, src]
         total = cache.get_seq_length()
-        if torch.equal(nodes, torch.arange(kept)):  # a leading chain: rollback is enough
-            if total > start + kept:
-                cache.crop(start + kept - total)
-            return
-        keep = torch.cat([torch.arange(start), start + nodes])
-        for layer in cache.layers:
-            index = keep.to(layer.keys.device)
-            layer.keys = layer.keys.index_select(2, index)
-            layer.values = layer.values.index_select(2, index)
+        if total > start + kept:
+            cache.crop(start + kept - total)
+
+
+def check_cache(cache: DynamicCache) -> None:
+    """The verifier rolls back and compacts KV rows by position, which only a plain dynamic layer
+    (every position kept, unquantized, unbounded) can take: a sliding window, static, quantized
+    or offloaded layer would be silently corrupted, so it is refused."""
+    kinds = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    if kinds:
+        raise ConfigError(f"the target's KV cache has {', '.join(kinds)} layers; heisd's tree verification "
+                          "commits into plain DynamicLayer caches only (no sliding window, static or quantized "
+                          "cache): load the model without them")
