@@ -8,11 +8,11 @@ applies to the frames it reads and the actions it emits.
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
 
+from heisd.benchmarks import tf_image
 from heisd.errors import UsageError
 
 # Steps per episode after the wait steps, per suite (the episode loop runs max_steps + NUM_STEPS_WAIT).
@@ -39,43 +39,32 @@ def rotate_180(image: np.ndarray) -> np.ndarray:
 
 def _jpeg_round_trip(image: np.ndarray) -> np.ndarray:
     # OpenVLA's training images (RLDS) were JPEG-encoded, so evaluation frames take the same loss
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(image).save(buf, format="JPEG", quality=95)  # TF's encode_jpeg default quality
-    buf.seek(0)
-    return np.asarray(Image.open(buf).convert("RGB"))
+    return tf_image.jpeg_round_trip(image)
 
 
 def _resize_lanczos(image: np.ndarray, size: int) -> np.ndarray:
-    from PIL import Image
-
     if image.shape[:2] == (size, size):
-        return image
-    return np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.LANCZOS))
+        return image  # TF's scale-1 kernel is the identity up to ~1e-8 weights: rounding gives the input back
+    return tf_image.round_to_uint8(tf_image.resize_lanczos3(image, (size, size)))
 
 
 def center_crop(image: np.ndarray, area: float = CENTER_CROP_AREA) -> np.ndarray:
-    """A centred box of `area` of the image (side sqrt(area)), resized back to the full size by bilinear
-    sampling with the corner-aligned grid of TF's `crop_and_resize`, which OpenVLA calls."""
-    h, w = image.shape[:2]
-    side = math.sqrt(area)
-    lo, hi = (1 - side) / 2, (1 + side) / 2
-    ys = (lo + np.arange(h) * (hi - lo) / (h - 1)) * (h - 1)
-    xs = (lo + np.arange(w) * (hi - lo) / (w - 1)) * (w - 1)
-    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
-    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
-    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
-    img = image.astype(np.float64)
-    top = img[y0][:, x0] * (1 - fx) + img[y0][:, x1] * fx
-    bottom = img[y1][:, x0] * (1 - fx) + img[y1][:, x1] * fx
-    return np.clip(np.round(top * (1 - fy) + bottom * fy), 0, 255).astype(np.uint8)
+    """A centred box of `area` of the image (side sqrt(area)), resized back to the full size as OpenVLA's
+    eval does: to float in [0, 1], TF's corner-aligned bilinear `crop_and_resize`, back to uint8 by TF's
+    truncating conversion."""
+    side = np.float32(min(math.sqrt(np.float32(area)), 1.0))  # OpenVLA: tf.sqrt of a float32 crop scale
+    lo = (np.float32(1) - side) / np.float32(2)
+    box = (lo, lo, lo + side, lo + side)
+    crop = tf_image.crop_and_resize(tf_image.uint8_to_float(image), box, image.shape[:2])
+    return tf_image.float_to_uint8(np.clip(crop, 0, 1))
 
 
 def openvla_image(frame: np.ndarray, crop: bool = False, size: int = OPENVLA_IMAGE_SIZE) -> np.ndarray:
     """An upright agentview frame (as `LiberoEnv` returns it) -> OpenVLA's input: JPEG round trip,
     Lanczos resize to `size`, and for checkpoints trained with crop augmentation the 0.9-area center crop.
-    PIL stands in for TF's codec and resampler: equal up to rounding, not bit for bit."""
+    Each step re-does the TensorFlow op OpenVLA calls (`heisd.benchmarks.tf_image`); on real LIBERO frames
+    the result is TF's to within one grey level on a few values in 100,000, with and without the crop
+    (tests/test_tf_frames.py, against TF 2.21's outputs stored in tests/golden/)."""
     if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
         raise ValueError(f"expected a uint8 (H, W, 3) frame, got {frame.dtype} {frame.shape}")
     image = _resize_lanczos(_jpeg_round_trip(frame), size)
