@@ -24,3 +24,16 @@ def tiny_openvla(tiny_openvla_dir):
     from heisd.targets.openvla import load_openvla
 
     return load_openvla(tiny_openvla_dir, unnorm_key="libero_spatial")
+
+
+LIBERO_TASK = "pick_up_the_cream_cheese_and_place_it_in_the_basket"  # the task every LIBERO test shares
+
+
+@pytest.fixture(scope="session")
+def libero_env():
+    """One LIBERO-Object simulator for the whole session (building one takes seconds): the shared
+    task at 64 px, fast rendering, as `heisd eval` builds it for the small targets."""
+    pytest.importorskip("libero", reason="the libero extra is not installed (pip install -e '.[libero]')")
+    from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
+
+    return LiberoEnv("libero_object", LIBERO_TASK, LiberoConfig(image_size=64, fast_render=True))

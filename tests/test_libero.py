@@ -174,26 +174,32 @@ def test_reader_names_a_libero_file_of_unknown_task(tmp_path):
         DemoFile(path)
 
 
-# --- the simulator (one LIBERO-Object task, shared by the tests below) -------------------------
+# --- the simulator (the session's LIBERO-Object task, conftest.libero_env) --------------------------
 
-@pytest.fixture(scope="module")
-def env():
-    from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
+@pytest.fixture
+def env(libero_env):
+    return libero_env
 
-    return LiberoEnv("libero_object", OBJECT_TASK, LiberoConfig(image_size=64, fast_render=True))
+
+def test_gymnasium_check_env(env):
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(env, skip_render_check=True)
 
 
 def test_env_reset_from_init_states(env):
+    from dataclasses import replace
+
     from heisd.benchmarks.libero import LiberoEnv
 
-    assert env.n_init_states == 50 and env.instruction == "pick up the alphabet soup and place it in the basket"
+    assert env.n_init_states == 50 and env.instruction == "pick up the cream cheese and place it in the basket"
     obs0, info0 = env.reset(options={"init_state": 0})
     assert env._env.env.timestep == NUM_STEPS_WAIT  # the wait steps ran inside reset
     assert obs0["image"].shape == (64, 64, 3) and obs0["image"].dtype == np.uint8
     assert obs0["state"].shape == (5,) and obs0["state"].dtype == np.float32
     assert np.array_equal(info0["ee_pos"], obs0["state"][:3]) and env.layout.tolist() == [0]
     obs1, _ = env.reset(options={"init_state": 1})
-    other = LiberoEnv("libero_object", "pick_up_the_cream_cheese_and_place_it_in_the_basket", env.config)
+    other = LiberoEnv("libero_object", env.task, replace(env.config, image_size=32))
     other.reset(options={"init_state": 0})  # another simulator with its own GL context, made current last
     again, _ = env.reset(options={"init_state": 0})
     assert not np.array_equal(obs0["image"], obs1["image"])  # other object placement
@@ -219,7 +225,7 @@ def test_env_step_render_rotation_and_truncation(env):
     with pytest.raises(InputError, match="not 7 finite numbers"):
         env.step(np.array([0, 0, np.nan, 0, 0, 0, -1.0]))
 
-    short = LiberoEnv("libero_object", OBJECT_TASK, replace(env.config, max_steps=3))  # same simulator
+    short = LiberoEnv("libero_object", env.task, replace(env.config, max_steps=3))  # same simulator
     assert env.max_steps == MAX_STEPS["libero_object"]
     short.reset(options={"init_state": 0})
     flags = [short.step(DUMMY_ACTION, render=False)[3] for _ in range(3)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import LIBERO_TASK
 
 from heisd.benchmarks.libero_experts import (
     ExpertConfig, Phase, PickPlaceExpert, Scene, check_expert_suite, choose_yaw, hand_clearance,
@@ -137,15 +138,7 @@ def test_only_libero_object_has_experts():
 
 # --- the simulator ---------------------------------------------------------------------------------
 
-TASK = "pick_up_the_butter_and_place_it_in_the_basket"
-
-
-@pytest.fixture(scope="module")
-def libero_env():
-    pytest.importorskip("libero", reason="the libero extra is not installed (pip install -e '.[libero]')")
-    from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
-
-    return LiberoEnv("libero_object", TASK, LiberoConfig(image_size=32, fast_render=True))
+TASK = LIBERO_TASK  # the session's simulator (conftest.libero_env)
 
 
 def _object_xy(env, state: np.ndarray) -> np.ndarray:

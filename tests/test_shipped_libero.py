@@ -54,7 +54,6 @@ def test_shipped_libero_target_runs_an_episode_and_specvla_keeps_its_tokens(vla)
     assert tokens["specvla"] == tokens["ar"]  # exact acceptance is lossless
     # recorded when this target was shipped: a change that moves its tokens shows here
     assert tokens["ar"] == [375, 629, 629, 629, 629, 629, 629]
-    env.close()
 
 
 @pytest.mark.slow

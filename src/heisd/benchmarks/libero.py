@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco is imported
 
+import gymnasium as gym
 import numpy as np
 
 from heisd.benchmarks.libero_protocol import (
-    ACTION_DIM, DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, PROTOCOL_RENDER_SIZE, check_suite, openvla_gripper,
-    openvla_image, rotate_180,
+    ACTION_DIM, DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, OPENVLA_IMAGE_SIZE, PROTOCOL_RENDER_SIZE, check_suite,
+    openvla_gripper, openvla_image, rotate_180,
 )
 from heisd.benchmarks.libero_setup import ensure_libero
 from heisd.errors import InputError, UsageError
@@ -81,12 +82,21 @@ def resolve_tasks(suite: str, names: list[str] | tuple[str, ...]) -> tuple[str, 
     return tasks
 
 
-class LiberoEnv:
-    """One LIBERO task under OpenVLA's protocol, with `mw`'s observation conventions."""
+class LiberoEnv(gym.Env):
+    """One LIBERO task under OpenVLA's protocol, with `mw`'s observation conventions (a gymnasium env)."""
+
+    metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, suite: str, task: str, config: LiberoConfig = LiberoConfig()):
         self.suite, self.task, self.config = check_suite(suite), task, config
         self.max_steps = config.max_steps or MAX_STEPS[suite]
+        size = OPENVLA_IMAGE_SIZE if config.protocol == "openvla" else config.image_size
+        self.observation_space = gym.spaces.Dict({
+            "image": gym.spaces.Box(0, 255, (size, size, 3), np.uint8),
+            "state": gym.spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
+        })
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
+        self.render_mode = "rgb_array"
         sim = _simulator(suite, task, config.image_size, config.fast_render)
         self._env, self._init_states, self.instruction = sim.env, sim.init_states, sim.instruction
         self.bddl_file = sim.bddl_file  # the task's BDDL file (LIBERO's dataset files name it)
@@ -117,11 +127,13 @@ class LiberoEnv:
         """``options={"init_state": i}``: the suite's init state ``i`` (OpenVLA: episode i uses state i;
         `layout` = [i]). ``options={"layout_seed": s}``: a fresh layout drawn by LIBERO's own placement
         samplers from seed ``s`` (demonstrations: never one of the init states evaluation uses;
-        `layout` = the simulator state it starts from). ``options={"layout": v}``: that state again."""
-        options = options or {}
+        `layout` = the simulator state it starts from). ``options={"layout": v}``: that state again.
+        None of them (gymnasium's plain ``reset(seed=...)``): a fresh layout drawn from the env's own
+        generator, which ``seed`` seeds."""
+        super().reset(seed=seed)
+        options = dict(options or {})
         if not {"init_state", "layout_seed", "layout"} & set(options):
-            raise UsageError("LIBERO episodes start from reset(options={'init_state': i}) (a suite init state) or "
-                             "{'layout_seed': s} (a fresh layout) or {'layout': v} (a recorded one)")
+            options["layout_seed"] = int(self.np_random.integers(2**31))
         # What OpenVLA's hard reset (rebuilding the model, seconds each) leaves fresh, done in place:
         # the simulator data (solver warm starts the init state does not set) and the gripper's
         # command, which robosuite integrates across steps and never resets otherwise
