@@ -149,14 +149,14 @@ def test_calibrate_stores_theta_and_threshold(built, tmp_path, capsys) -> None:
         raise AssertionError(f"manifest.json holds {literal}, which is not JSON")
 
     extras = json.loads((copy / "manifest.json").read_text(), parse_constant=not_json)["extras"]
-    skip, hybrid, frames = extras["verify_skip"], extras["hybrid"], extras["calibration_frames"]
-    assert skip["frames_total"] == 12 and len(frames["similarity"]) == 12
-    assert skip["theta"] > 0.0 and 0.0 <= skip["skip_rate"] <= 1.0
-    assert all(1.0 <= x <= 8.0 for x in frames["tokens_per_forward_retrieval"])
-    pre = extras["prefill_skip"]
-    assert pre["frames"] == 12 == len(frames["key_similarity"]) and 0.0 <= pre["skip_rate"] <= 1.0
-    passed = np.asarray(frames["passes_full"], bool)[np.asarray(frames["key_similarity"]) >= pre["theta"]]
-    assert passed.size == 0 or passed.mean() >= 0.95  # the precision the theta was chosen for
+    skip, pre, hybrid, frames = (extras[k] for k in ("verify_skip", "prefill_skip", "hybrid", "calibration_frames"))
+    assert skip["frames_total"] == pre["frames"] == 12 == len(frames["similarity"]) == len(frames["frame"])
+    # the stored rates are what the stored thresholds do on the stored frames (the thresholds
+    # themselves are recomputed from these frames in the next test)
+    guard, sims = np.asarray(frames["guard"], bool), np.asarray(frames["similarity"])
+    assert skip["skip_rate"] == pytest.approx(np.mean(guard & (sims >= skip["theta"])))
+    assert pre["skip_rate"] == pytest.approx(np.mean(np.asarray(frames["key_similarity"]) >= pre["theta"]))
+    assert frames["prefill_skipped"] == (np.asarray(frames["key_similarity"]) >= pre["theta"]).tolist()
     # random target + unrelated held-out frames: AR drafter never beats retrieval's >= 1 token/forward
     assert hybrid["drafter"] == "ar" and hybrid["retrieval_fraction"] == 1.0
     assert sum(f is not None for f in frames["F"]) == hybrid["frames"] > 0
