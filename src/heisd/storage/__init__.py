@@ -1,11 +1,13 @@
-"""How heisd writes: atomic files and directories, guarded outputs, directory locks, and
-interrupts that clean up after themselves. Every command writes through this package."""
+"""How heisd writes: atomic files and directories, guarded outputs, directory locks, interrupts
+that clean up after themselves, and refused writes (a full disk) as one error naming the output.
+Every command writes through this package."""
 
-from heisd.storage.atomic import (atomic_directory, atomic_file, atomic_files, fsync_path, write_json, write_text)
+from heisd.storage.atomic import (append_text, atomic_directory, atomic_file, atomic_files, fsync_path, write_json,
+                                  write_text)
 from heisd.storage.guard import OutputKind, check_output, clear_output, is_free, refuse_foreign
 from heisd.storage.interrupts import raise_on_sigterm
 from heisd.storage.lock import LOCK_FILE, directory_lock
 
-__all__ = ["LOCK_FILE", "OutputKind", "atomic_directory", "atomic_file", "atomic_files", "check_output",
-           "clear_output", "directory_lock", "fsync_path", "is_free", "raise_on_sigterm", "refuse_foreign", "write_json",
-           "write_text"]
+__all__ = ["LOCK_FILE", "OutputKind", "append_text", "atomic_directory", "atomic_file", "atomic_files",
+           "check_output", "clear_output", "directory_lock", "fsync_path", "is_free", "raise_on_sigterm",
+           "refuse_foreign", "write_json", "write_text"]

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from heisd.errors import ConfigError, InputError, OutputError
-from heisd.storage import OutputKind, check_output, directory_lock, write_json
+from heisd.storage import OutputKind, append_text, check_output, directory_lock, write_json
 from heisd.storage.guard import json_with
 
 CONFIG_FILE = "dagger.json"
@@ -205,8 +205,7 @@ def _remove_round(folder: Path) -> None:
 
 
 def _log(out: Path, record: dict) -> None:
-    with open(out / LOG_FILE, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    append_text(out / LOG_FILE, json.dumps(record) + "\n")
 
 
 # how fast a run goes, and how far: a resume may change them (a round's data and training do not depend on them)
