@@ -153,22 +153,22 @@ def test_finalize_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     writer = _writer()
     _fill(writer)
     calls = {"n": 0}
-    real_write = faiss.write_index
+    real_serialize = faiss.serialize_index  # what finalize writes each index with
 
-    def failing_write(index, path):  # fail on the third index, after files were written
+    def failing_serialize(index):  # fail on the third index, after files were written
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError("disk full")
-        real_write(index, path)
+        return real_serialize(index)
 
-    monkeypatch.setattr(datastore_module.faiss, "write_index", failing_write)
+    monkeypatch.setattr(datastore_module.faiss, "serialize_index", failing_serialize)
     with pytest.raises(OSError, match="disk full"):
         writer.finalize(tmp_path / "ds")
     assert list(tmp_path.iterdir()) == []  # no target, no leftover temporary directory
     with pytest.raises(DatastoreError):
         Datastore.load(tmp_path / "ds")
 
-    monkeypatch.setattr(datastore_module.faiss, "write_index", real_write)
+    monkeypatch.setattr(datastore_module.faiss, "serialize_index", real_serialize)
     path = writer.finalize(tmp_path / "ds")
     with pytest.raises(OutputError, match="already holds"):
         writer.finalize(path)

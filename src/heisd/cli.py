@@ -7,8 +7,9 @@ Modules are imported only when their subcommand runs, so `heisd --help` stays fa
 optional heavy dependencies load lazily.
 
 Errors: a `HeisdError` (bad flag, input or output) or an `OSError` (disk full, permission
-denied) prints one line and exits 1 (2 for usage errors, as argparse does); anything else is a
-bug and keeps its traceback. `--debug` or HEISD_DEBUG=1 prints the traceback of every error.
+denied) prints one line and exits 1 (2 for usage errors, as argparse does); a write the system
+refuses is a `WriteError` naming the output (`heisd.storage.failures`). Anything else is a bug
+and keeps its traceback. `--debug` or HEISD_DEBUG=1 prints the traceback of every error.
 Ctrl-C and SIGTERM stop cleanly (temporaries removed, locks released), exit 130 / 143.
 """
 

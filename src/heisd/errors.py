@@ -29,6 +29,15 @@ class OutputError(HeisdError):
     """An output cannot be written: it exists, is not heisd's to replace, or another process holds it."""
 
 
+class WriteError(OutputError):
+    """The system refused to write an output (disk full, quota, file too large, read-only, no permission).
+    `path` is the output the user asked for (never a hidden temporary), `errno` why."""
+
+    def __init__(self, message: str, path, errno: int) -> None:
+        super().__init__(message)
+        self.path, self.errno = path, errno
+
+
 class ConfigError(HeisdError, ValueError):
     """A stored configuration field has the wrong type or value; the message names the field."""
 

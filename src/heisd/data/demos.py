@@ -32,6 +32,7 @@ from heisd import __version__
 from heisd.benchmarks.mw import DEFAULT_CAMERA
 from heisd.storage import OutputKind, atomic_file, check_output
 from heisd.storage.guard import hdf5_with_attr
+from heisd.storage.hdf5 import HDF5Output
 
 VERSION_ATTR = "heisd_version"  # attribute of the `data` group: marks a file heisd wrote
 DEMOS = OutputKind("demonstration file", hdf5_with_attr("data", VERSION_ATTR))
@@ -201,12 +202,12 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
     check_output(out, DEMOS, overwrite)
     start = time.time()
     kept, dropped, steps = 0, {}, 0
-    bar = tqdm(total=len(cfg.tasks) * cfg.episodes, desc="demos", unit="ep", disable=not progress)
     jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
-    import h5py
-
-    with atomic_file(out) as tmp, h5py.File(tmp, "w") as h5:
-        data = h5.create_group("data")
+    # a full disk stops the recording at the episode it hits and leaves nothing (heisd.storage.hdf5);
+    # the bar is closed before an error reaches the command line, which prints it as the last line
+    with (tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar, atomic_file(out) as tmp,
+          HDF5Output(tmp) as h5):
+        data = h5.file.create_group("data")
         data.attrs["benchmark"] = "mw"
         data.attrs["source"] = cfg.source
         data.attrs["env_args"] = json.dumps(asdict(cfg))
@@ -219,6 +220,7 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
             results = pool.imap(_episode_job, jobs) if pool else map(_episode_job, jobs)
             for ep in results:
                 kept, steps = _write(data, ep, kept, steps, dropped, keep_failed=cfg.source in KEEP_FAILED)
+                h5.check()
                 bar.update(1)
             if pool:
                 pool.close()
@@ -226,7 +228,6 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
             if pool:
                 pool.terminate()  # after close(): workers are done; on an error or interrupt: stop them
         data.attrs["total"] = steps
-    bar.close()
     wall = time.time() - start
     return {"kept": kept, "dropped": dropped, "steps": steps, "seconds": wall, "steps_per_s": steps / wall}
 

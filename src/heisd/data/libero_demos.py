@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from multiprocessing import get_context
 from pathlib import Path
@@ -28,6 +29,7 @@ from heisd.benchmarks.libero_protocol import rotate_180
 from heisd.data.demos import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, _episode_job
 from heisd.data.libero_files import DEMO_SUFFIX
 from heisd.storage import atomic_files, check_output
+from heisd.storage.hdf5 import HDF5Output
 
 
 def task_file(task: str) -> str:
@@ -38,7 +40,6 @@ def generate_libero_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress
                           overwrite: bool = False) -> dict:
     """Roll out `cfg.policy` and write `out/<task>_demo.hdf5` for every task of `cfg`.
     Existing files there need `overwrite`, and are replaced only if heisd wrote them."""
-    import h5py
     from tqdm import tqdm
 
     out = Path(out)
@@ -47,37 +48,35 @@ def generate_libero_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress
         check_output(out / name, DEMOS, overwrite)
     start = time.time()
     kept, dropped, steps = {}, {}, {}  # per task: episodes kept and dropped, steps kept
-    bar = tqdm(total=len(cfg.tasks) * cfg.episodes, desc="demos", unit="ep", disable=not progress)
     jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
     pool = get_context("spawn").Pool(workers) if workers > 1 else None
-    files: dict[str, h5py.File] = {}
+    files: dict[str, HDF5Output] = {}
     try:
-        with atomic_files(out, names) as temps:
+        # the files close (raising a refused write: heisd.storage.hdf5) before they are renamed into
+        # place; the bar is closed before an error reaches the command line (its last line)
+        with (tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar,
+              atomic_files(out, names) as temps, ExitStack() as closing):
             results = pool.imap(_episode_job, jobs) if pool else map(_episode_job, jobs)
             for ep in results:  # in job order: one task's episodes after another
                 task = ep["task"]
                 if task not in files:
-                    files[task] = h5py.File(temps[task_file(task)], "w")
-                    _file_attrs(files[task].create_group("data"), ep, cfg)
+                    files[task] = closing.enter_context(HDF5Output(temps[task_file(task)]))
+                    _file_attrs(files[task].file.create_group("data"), ep, cfg)
                 if ep["success"] or cfg.source in KEEP_FAILED:
-                    steps[task] = steps.get(task, 0) + _write_episode(files[task]["data"], kept.get(task, 0), ep)
+                    steps[task] = steps.get(task, 0) + _write_episode(files[task].file["data"], kept.get(task, 0), ep)
                     kept[task] = kept.get(task, 0) + 1
                 else:
                     dropped[task] = dropped.get(task, 0) + 1
+                files[task].check()  # a full disk stops the recording here
                 bar.update(1)
-            for task, f in files.items():
-                f["data"].attrs["num_demos"] = kept.get(task, 0)
-                f["data"].attrs["total"] = steps.get(task, 0)
-                f.close()
+            for task, h5 in files.items():
+                h5.file["data"].attrs["num_demos"] = kept.get(task, 0)
+                h5.file["data"].attrs["total"] = steps.get(task, 0)
             if pool:
                 pool.close()
     finally:
-        for f in files.values():
-            if f.id.valid:
-                f.close()
         if pool:
             pool.terminate()  # after close(): workers are done; on an error or interrupt: stop them
-    bar.close()
     wall = time.time() - start
     total = sum(steps.values())
     return {"kept": sum(kept.values()), "dropped": dropped, "steps": total, "seconds": wall,

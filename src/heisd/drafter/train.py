@@ -29,8 +29,8 @@ from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.decoding.rollout import Features
 from heisd.drafter.model import CONFIG_FILE, WEIGHTS_FILE, Drafter, DrafterConfig, DrafterTarget, additive_mask
 from heisd.errors import InputError
-from heisd.storage import (OutputKind, atomic_file, check_output, clear_output, directory_lock, recorded_command,
-                           recorded_path, strict_json, write_json)
+from heisd.storage import (OutputKind, append_text, atomic_file, check_output, clear_output, directory_lock,
+                           recorded_command, recorded_path, strict_json, write_json)
 from heisd.storage.guard import json_with
 from heisd.targets.base import Target
 from heisd.targets.rollout import rollout_frames
@@ -175,8 +175,7 @@ def fit(drafter: Drafter, train: Features, cfg: DrafterTrainConfig, val: Feature
                 metrics["val_top1"], metrics["val_top1_by_position"] = top1_accuracy(drafter, val)
                 drafter.train()
             if log_path is not None:
-                with open(log_path, "a") as f:
-                    f.write(strict_json(metrics) + "\n")
+                append_text(log_path, strict_json(metrics) + "\n")
             bar.write(" ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
             sums = {}
     drafter.eval()

@@ -17,6 +17,7 @@ import json
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import faiss
@@ -105,18 +106,22 @@ class DatastoreWriter:
                extras: dict[str, Any] | None) -> None:
         files: dict[str, dict[str, Any]] = {}
 
+        # Both written through Python's files, whose errors keep their errno: np.save to a path
+        # (ndarray.tofile) reports a full disk as "N requested and M written", and faiss's
+        # write_index only prints a failure it meets on closing the file.
         def save_array(name: str, array: np.ndarray) -> None:
-            np.save(tmp / name, array)
+            with open(tmp / name, "wb") as f:
+                np.save(SimpleNamespace(write=f.write), array)  # not a real file to numpy: no tofile
             files[name] = file_record(tmp / name)
 
         def save_index(name: str, keys: np.ndarray) -> str:
             index = build_index(keys, self.index_config)
-            faiss.write_index(index, str(tmp / name))
+            (tmp / name).write_bytes(faiss.serialize_index(index))
             files[name] = file_record(tmp / name)
             return index_kind(index)
 
-        for field in PAYLOAD_FIELDS:
-            save_array(f"{field}.npy", arrays[field])
+        for name in PAYLOAD_FIELDS:
+            save_array(f"{name}.npy", arrays[name])
         collections = {GLOBAL_COLLECTION: {
             "count": buf.n_entries, "index": "index_global.faiss", "ids": None,
             "kind": save_index("index_global.faiss", arrays["keys"])}}

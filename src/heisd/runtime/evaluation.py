@@ -10,7 +10,6 @@ of the folder while one runs. MuJoCo's warnings go to `mujoco.log` in the folder
 from __future__ import annotations
 
 import json
-import os
 import sys
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -23,7 +22,7 @@ from heisd.runtime import run_thresholds
 from heisd.runtime.metrics import episode_steps, summarize
 from heisd.runtime.policy import VLAPolicy
 from heisd.runtime.runinfo import EVAL_RUN, check_run
-from heisd.storage import directory_lock, refuse_foreign, strict_json, write_json, write_text
+from heisd.storage import append_text, directory_lock, refuse_foreign, strict_json, write_json, write_text
 
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -122,10 +121,7 @@ class EvalRun:
         skips = policy.skip_thresholds()
         if skips:
             line[run_thresholds.LINE_KEY] = run_thresholds.snapshot(skips)
-        with open(self.out / EPISODES_FILE, "a") as log:
-            log.write(strict_json(line) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
+        append_text(self.out / EPISODES_FILE, strict_json(line) + "\n", sync=True)
         self.done.append(line)
         return line
 

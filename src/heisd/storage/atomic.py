@@ -2,9 +2,11 @@
 
 New content goes to a hidden temporary sibling (`.NAME.tmp-XXXXXXXX`) that is renamed into place
 once complete. The temporary is removed on any exception, KeyboardInterrupt included (and SIGTERM,
-which `heisd.storage.interrupts` turns into one), so an interrupted write leaves nothing behind.
-Renames that belong together run with SIGINT/SIGTERM held back until they are done. Only a hard
-kill (SIGKILL, power loss) can leave a temporary: hidden, never loaded, safe to delete.
+which `heisd.storage.interrupts` turns into one), so an interrupted write leaves nothing behind,
+nor do the folders it made on the way. Renames that belong together run with SIGINT/SIGTERM held
+back until they are done. Only a hard kill (SIGKILL, power loss) can leave a temporary: hidden,
+never loaded, safe to delete. A write the system refuses (a full disk) raises a `WriteError`
+naming the output (`heisd.storage.failures`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import os
 import shutil
 import signal
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Collection, Iterator, Sequence
 
 from heisd.errors import OutputError
+from heisd.storage.failures import naming_failures
 
 
 def temp_sibling(path: Path, tag: str = "tmp") -> Path:
@@ -47,6 +50,30 @@ def signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
+def make_dirs(path: Path) -> list[Path]:
+    """Make folder `path` and its missing parents; returns the ones made, deepest first."""
+    made = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        made.append(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        remove_empty(made)  # the parents made before the failure
+        raise
+    return made
+
+
+def remove_empty(folders: Sequence[Path]) -> None:
+    """Remove `folders` (deepest first) while they are empty: what a failed write made on its way."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # someone's files are in it now (or it is gone): it and its parents stay
+            return
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -59,19 +86,26 @@ def atomic_files(directory: Path, names: Sequence[str]) -> Iterator[dict[str, Pa
     """Temporary paths for the files `names` of `directory`; once the block finishes they are
     renamed into place together (interrupts wait for the renames). Other files are left alone."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     temps = {name: temp_sibling(directory / name) for name in names}
+    output = directory / names[0] if len(names) == 1 else directory  # what a refused write names
+    made: list[Path] = []
+    done = False
     try:
-        yield temps
-        for tmp in temps.values():
-            fsync_path(tmp)
-        with signals_deferred():
-            for name, tmp in temps.items():
-                os.replace(tmp, directory / name)
+        with naming_failures(output, {tmp: directory / name for name, tmp in temps.items()}):
+            made = make_dirs(directory)
+            yield temps
+            for tmp in temps.values():
+                fsync_path(tmp)
+            with signals_deferred():
+                for name, tmp in temps.items():
+                    os.replace(tmp, directory / name)
+            done = True
+            fsync_path(directory)
     finally:
         for tmp in temps.values():
             _remove(tmp)
-    fsync_path(directory)
+        if not done:
+            remove_empty(made)
 
 
 @contextmanager
@@ -103,6 +137,29 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def append_text(path: Path, text: str, sync: bool = False) -> None:
+    """Append `text` (whole lines) to `path`, all of it or none: a refused write (a full disk) is
+    cut off again, so a log never ends in half a line, and raises a `WriteError` naming `path`.
+    `sync`: on disk before this returns."""
+    path = Path(path)
+    data = memoryview(text.encode())
+    with naming_failures(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                while data:
+                    data = data[os.write(fd, data):]
+                if sync:
+                    os.fsync(fd)
+            except BaseException:
+                with suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
+        finally:
+            os.close(fd)
+
+
 def write_json(path: Path, data: Any, sort_keys: bool = False) -> None:
     write_text(path, strict_json(data, indent=2, sort_keys=sort_keys) + "\n")
 
@@ -126,26 +183,38 @@ def atomic_directory(path: Path, replace: Collection[str] | None = None, last: s
     is removed.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
-    tmp.mkdir()
+    made: list[Path] = []
+    done = False
     try:
-        yield tmp
-        _fsync_tree(tmp)
-        with signals_deferred():
-            if replace is not None and path.is_dir():
-                _install_into(tmp, path, replace, last)
-            else:
-                try:
-                    os.rename(tmp, path)
-                except OSError as err:
-                    if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                        raise OutputError(f"{path} appeared while it was being written (another process?); "
-                                          "it was left as it is") from err
-                    raise
+        with naming_failures(path, {tmp: path}):
+            made = make_dirs(path.parent)
+            tmp.mkdir()
+            yield tmp
+            _fsync_tree(tmp)
+            _install(tmp, path, replace, last)
+            done = True
+            fsync_path(path.parent)
     finally:
         _remove(tmp)
-    fsync_path(path.parent)
+        if not done:
+            remove_empty(made)
+
+
+def _install(tmp: Path, path: Path, replace: Collection[str] | None, last: str | None) -> None:
+    """Rename the finished folder `tmp` to `path`, or move its files into an existing `path` whose
+    heisd files `replace` names."""
+    with signals_deferred():
+        if replace is not None and path.is_dir():
+            _install_into(tmp, path, replace, last)
+            return
+        try:
+            os.rename(tmp, path)
+        except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise OutputError(f"{path} appeared while it was being written (another process?); "
+                                  "it was left as it is") from err
+            raise
 
 
 def _install_into(staged: Path, path: Path, old: Collection[str], last: str | None) -> None:
@@ -153,10 +222,8 @@ def _install_into(staged: Path, path: Path, old: Collection[str], last: str | No
     for name in old:
         if Path(name).name != name or name in ("", ".", ".."):  # names come from a manifest on disk
             raise OutputError(f"{path}: refusing to remove {name!r}, which is not a plain file name of the output")
-    ordered = sorted(old, key=lambda name: name != last)
-    for name in ordered:
+    for name in sorted(old, key=lambda name: name != last):
         _remove(path / name)
-    new = sorted((entry.name for entry in staged.iterdir()), key=lambda name: name == last)
-    for name in new:
+    for name in sorted((entry.name for entry in staged.iterdir()), key=lambda name: name == last):
         os.replace(staged / name, path / name)
     fsync_path(path)

@@ -2,10 +2,11 @@
 manifest) or any output path as a whole (a demonstration file, a datastore being built).
 
 A directory's lock is `flock` on `DIR/heisd.lock`; an output path's is `flock` on a hidden sibling
-`.NAME.lock`, so it exists before the output does. Either way the kernel drops it when its process dies: a crash
-never leaves a stale lock. The file holds the holder's pid and purpose for the error message and
-is removed on release. Re-entrant within one process (calibrate holds its datastore's lock and
-writes the manifest under the same lock).
+`.NAME.lock`, so it exists before the output does. Either way the kernel drops it when its process
+dies: a crash never leaves a stale lock. The file holds the holder's pid and purpose for the error message and
+is removed on release; so is the directory, when the lock made it and the block failed leaving it
+empty (a refused run leaves no empty folder behind). Re-entrant within one process (calibrate
+holds its datastore's lock and writes the manifest under the same lock).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from heisd.errors import OutputError
+from heisd.storage.atomic import make_dirs, remove_empty
+from heisd.storage.failures import naming_failures
 
 LOCK_FILE = "heisd.lock"
 _POLL_S = 0.05  # between attempts while waiting for a lock
@@ -52,8 +55,12 @@ def _acquire(path: Path, output: Path, purpose: str, wait_s: float) -> int:
         except FileNotFoundError:
             same = False
         if same:  # else its last holder removed the file between our open and flock: try again
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}: {purpose}\n".encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()}: {purpose}\n".encode(), 0)
+            except BaseException:  # a full disk: not even the holder's line fits
+                _release(path, fd)
+                raise
             return fd
         os.close(fd)
 
@@ -73,12 +80,11 @@ def directory_lock(directory: Path, purpose: str = "", wait_s: float = 0.0, crea
     """Hold the exclusive lock of `directory` for the block (`create`: make the directory if missing).
 
     Held by another process: wait up to `wait_s` seconds, then raise `OutputError` naming the
-    holder. `purpose` (default: the command line) tells other processes who holds it.
+    holder. `purpose` (default: the command line) tells other processes who holds it. A directory
+    the lock made is removed again when the block fails and leaves it empty.
     """
     directory = Path(directory)
-    if create:
-        directory.mkdir(parents=True, exist_ok=True)
-    with _locked(directory / LOCK_FILE, directory, purpose, wait_s):
+    with _locked(directory / LOCK_FILE, directory, purpose, wait_s, directory if create else None):
         yield
 
 
@@ -87,21 +93,33 @@ def output_lock(path: Path, purpose: str = "", wait_s: float = 0.0) -> Iterator[
     """Hold the exclusive lock of output `path` (a file or a directory, existing or not) for the
     block: one writer at a time. Same waiting and messages as `directory_lock`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.parent / f".{path.name}.lock", path, purpose, wait_s):
+    with _locked(path.parent / f".{path.name}.lock", path, purpose, wait_s, path.parent):
         yield
 
 
 @contextmanager
-def _locked(lock: Path, output: Path, purpose: str, wait_s: float) -> Iterator[None]:
-    key = lock.resolve()
-    if key in _held:  # the outer holder releases it
+def _locked(lock: Path, output: Path, purpose: str, wait_s: float, folder: Path | None) -> Iterator[None]:
+    """Hold `lock` (making `folder` first, removed again if the block fails and leaves it empty)."""
+    made: list[Path] = []
+    try:
+        with naming_failures(output):
+            made = make_dirs(folder) if folder is not None else []
+            key = lock.resolve()
+            fd = None if key in _held else _acquire(lock, output, purpose or " ".join(["heisd", *sys.argv[1:]]),
+                                                    wait_s)
+    except BaseException:
+        remove_empty(made)
+        raise
+    if fd is None:  # held by an outer block of this process: that one releases it
         yield
         return
-    fd = _acquire(lock, output, purpose or " ".join(["heisd", *sys.argv[1:]]), wait_s)
     _held[key] = fd
+    failed = True
     try:
         yield
+        failed = False
     finally:
         del _held[key]
         _release(lock, fd)
+        if failed:
+            remove_empty(made)  # only while empty: what the block wrote stays

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from heisd.errors import ConfigError, OutputError
-from heisd.storage import (OutputKind, check_output, directory_lock, recorded_path, refuse_foreign, strict_json,
-                           write_json)
+from heisd.storage import (OutputKind, append_text, check_output, directory_lock, recorded_path, refuse_foreign,
+                           strict_json, write_json)
 from heisd.storage.guard import json_with
 
 CONFIG_FILE = "dagger.json"
@@ -212,8 +212,7 @@ def _remove_round(folder: Path) -> None:
 
 
 def _log(out: Path, record: dict) -> None:
-    with open(out / LOG_FILE, "a") as f:
-        f.write(strict_json(record) + "\n")
+    append_text(out / LOG_FILE, strict_json(record) + "\n")
 
 
 # how fast a run goes, and how far: a resume may change them (a round's data and training do not depend on them)

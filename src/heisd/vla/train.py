@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from heisd.data.dataset import compute_action_stats
 from heisd.errors import InputError, UsageError
-from heisd.storage import (OutputKind, atomic_file, check_output, clear_output, directory_lock, recorded_command,
-                           recorded_path, strict_json, write_json, write_text)
+from heisd.storage import (OutputKind, append_text, atomic_file, check_output, clear_output, directory_lock,
+                           recorded_command, recorded_path, strict_json, write_json, write_text)
 from heisd.storage.guard import has_file, json_with
 from heisd.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
 from heisd.vla.frames import EpochSampler, Frames, build_frames, read_episodes
@@ -206,7 +206,8 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     `instructions`: extra instructions (the benchmark's task registry) for the text tokenizer,
     besides those found in the demonstrations. `benchmark`: demo files must say the same.
     An existing run in `out` needs `resume` (continue it) or `overwrite` (its files are removed
-    when this run starts); `out` holds the lock meanwhile. `skip_invalid`: leave out episodes
+    when this run starts); `out` holds the lock meanwhile. A run that fails before its first
+    checkpoint removes what it wrote, and `out` if it made it. `skip_invalid`: leave out episodes
     with unusable data instead of refusing them. `init_from`: start from that checkpoint (weights,
     tokenizers, normalization: fine-tuning, e.g. a DAgger round) instead of a new model.
     `device`: where the model and all frames live while training (the saved files are the same);
@@ -217,8 +218,15 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     with directory_lock(out):
         if replace:
             clear_output(out, TRAINING_RUN)
-        return _train(paths, out, cfg, chunk, model_overrides, resume, benchmark, instructions, skip_invalid,
-                      init_from, torch.device(device))
+        try:
+            return _train(paths, out, cfg, chunk, model_overrides, resume, benchmark, instructions, skip_invalid,
+                          init_from, torch.device(device))
+        except Exception:
+            # a refused run (bad data, a full disk) before its first resume point leaves nothing: its
+            # log alone would make `out` look like no heisd run; the lock removes a folder it made
+            if not (out / TRAIN_STATE_FILE).is_file():
+                clear_output(out, TRAINING_RUN)
+            raise
 
 
 def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_overrides: dict | None,
@@ -252,42 +260,41 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
             "model_config": model.config.to_dict()}
     metrics: dict = {}
     loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
-    bar = tqdm(total=cfg.steps, initial=step, desc="train-vla", dynamic_ncols=True)
-    t0, step0 = time.perf_counter(), step
-    while step < cfg.steps:
-        batch = train_frames.batch(sampler.next())
-        loss, logits = action_loss(model, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        sched.step()
-        step += 1
-        acc = (logits.argmax(-1) == batch["action_ids"]).float().mean().item()
-        loss_sum, acc_sum, n_sum = loss_sum + loss.item(), acc_sum + acc, n_sum + 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.3f}")
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            elapsed = train_time + time.perf_counter() - t0
-            metrics = {"step": step, "lr": sched.get_last_lr()[0], "train_loss": loss_sum / n_sum,
-                       "train_acc": acc_sum / n_sum, "train_time_s": round(elapsed, 1),
-                       "samples_per_s": round((step - step0) * cfg.batch_size / (time.perf_counter() - t0), 1)}
-            if val_frames is not None:
-                metrics.update(evaluate(model, val_frames, cfg.max_val_frames))
-            with open(out / LOG_FILE, "a") as f:
-                f.write(strict_json(metrics) + "\n")
-            bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
-            loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            now = train_time + time.perf_counter() - t0
-            _save(model, out, {"step": step, "train_time_s": now, "train_config": asdict(cfg), "data": data,
-                               "model": model.state_dict(), "optimizer": opt.state_dict(),
-                               "scheduler": sched.state_dict(), "sampler": sampler.state_dict(),
-                               "torch_rng": torch.get_rng_state()})
-            write_json(out / INFO_FILE, {**info, "step": step, "train_time_s": round(now, 1),
-                                                 "wall_time_s": round(time.perf_counter() - wall0, 1),
-                                                 "fingerprint": model.fingerprint(), "last_metrics": metrics})
-    bar.close()
+    # closed on an error too, before the command line prints it (as the last line)
+    with tqdm(total=cfg.steps, initial=step, desc="train-vla", dynamic_ncols=True) as bar:
+        t0, step0 = time.perf_counter(), step
+        while step < cfg.steps:
+            batch = train_frames.batch(sampler.next())
+            loss, logits = action_loss(model, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            step += 1
+            acc = (logits.argmax(-1) == batch["action_ids"]).float().mean().item()
+            loss_sum, acc_sum, n_sum = loss_sum + loss.item(), acc_sum + acc, n_sum + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.3f}")
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                elapsed = train_time + time.perf_counter() - t0
+                metrics = {"step": step, "lr": sched.get_last_lr()[0], "train_loss": loss_sum / n_sum,
+                           "train_acc": acc_sum / n_sum, "train_time_s": round(elapsed, 1),
+                           "samples_per_s": round((step - step0) * cfg.batch_size / (time.perf_counter() - t0), 1)}
+                if val_frames is not None:
+                    metrics.update(evaluate(model, val_frames, cfg.max_val_frames))
+                append_text(out / LOG_FILE, strict_json(metrics) + "\n")
+                bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+                loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                now = train_time + time.perf_counter() - t0
+                _save(model, out, {"step": step, "train_time_s": now, "train_config": asdict(cfg), "data": data,
+                                   "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                   "scheduler": sched.state_dict(), "sampler": sampler.state_dict(),
+                                   "torch_rng": torch.get_rng_state()})
+                write_json(out / INFO_FILE, {**info, "step": step, "train_time_s": round(now, 1),
+                                                     "wall_time_s": round(time.perf_counter() - wall0, 1),
+                                                     "fingerprint": model.fingerprint(), "last_metrics": metrics})
     return metrics
 
 
@@ -295,8 +302,8 @@ def _save(model: VLA, out: Path, train_state: dict) -> None:
     """Checkpoint files first, train_state last: resume reads the weights from train_state,
     so a crash in between leaves a consistent (older) resume point."""
     model.save_pretrained(out)
-    with atomic_file(out / TRAIN_STATE_FILE) as tmp:
-        torch.save(train_state, tmp)
+    with atomic_file(out / TRAIN_STATE_FILE) as tmp, open(tmp, "wb") as f:
+        torch.save(train_state, f)  # through Python's file: a full disk is an OSError (to a path: a bare RuntimeError)
 
 
 def _truncate_log(path: Path, step: int) -> None:
