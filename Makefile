@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed
 LIBERO_NODEPS := libero==0.1.1 bddl==1.0.1
 export MUJOCO_GL ?= egl
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow lint install clean
+# held to the formatter, the linter and the type checker (pyproject.toml [tool.ruff], [tool.mypy])
+CHECKED := src/heisd/decoding src/heisd/retrieval src/heisd/kinematics
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +25,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/heisd demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check $(CHECKED)
+	$(BIN)/ruff format --check $(CHECKED)
+	$(BIN)/mypy $(CHECKED)
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 import traceback
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     from heisd.storage import output_lock, raise_on_sigterm
 
     argv = sys.argv[1:] if argv is None else argv
+    # library modules log (progress notes, warnings); the command line shows them on stderr
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser, available = build_parser(command)
     args = parser.parse_args(argv)

@@ -19,8 +19,8 @@ from heisd.decoding.loop import (
     Timing,
 )
 from heisd.decoding.tree import DraftTree
-from heisd.decoding.vocab import ActionVocab
 from heisd.decoding.verifier import Prefill, Verification, Verifier
+from heisd.decoding.vocab import ActionVocab
 
 __all__ = [
     "Acceptance",

@@ -142,4 +142,3 @@ class GroupRelaxedAcceptance(AcceptanceRule):
 
     def ends_segment(self, position: int) -> bool:
         return position in self._last
-

@@ -54,7 +54,8 @@ class CostFallback(Proposer):
         stats = FallbackStepStats()
         if self._option is not None:
             choice = self.costs.close_turn(self._n_tokens)  # the step ends with all its tokens out
-            stats.choices.append(choice)
+            if choice is not None:
+                stats.choices.append(choice)
         for proposer in self.options.values():
             if proposer is not None:
                 stats.choices += getattr(proposer.end_step(), "choices", [])

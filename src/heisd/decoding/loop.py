@@ -148,7 +148,7 @@ class SpeculativeDecoder:
         n, timing, context = self.config.n_tokens, Timing(), context if context is not None else {}
         start = self._now()
         early = self.proposer.begin_step(context) if self.proposer is not None else None
-        if early is not None:
+        if early is not None and self.proposer is not None:
             self._check_skip(DraftTree.chain(early))
             if len(early) != n:
                 raise ValueError(f"a prefill skip must be a whole action of {n} tokens, got {len(early)}")

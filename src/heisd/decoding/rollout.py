@@ -32,8 +32,9 @@ def greedy_rollout(llm: PreTrainedModel, prefix_embeds: torch.Tensor, n_tokens: 
     for _ in range(n_tokens - 1):
         mask = torch.cat([mask, mask.new_ones(len(mask), 1)], 1)
         positions = positions[:, -1:] + 1
-        out = decoder(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=positions,
-                      cache=cache, use_cache=True)
+        out = decoder(
+            input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+        )
         hidden.append(out.last_hidden_state[:, -1])
         tokens.append(lm_head(hidden[-1]).argmax(-1))
     return Features(torch.stack(hidden, 1), torch.stack(tokens, 1))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -67,8 +68,9 @@ class Verifier:
         return Prefill(cache=cache, token=token, hidden=hidden)
 
     @torch.no_grad()
-    def verify(self, cache: DynamicCache, roots: int | Sequence[int], tree: DraftTree,
-               label: str = "a verify pass") -> Verification:
+    def verify(
+        self, cache: DynamicCache, roots: int | Sequence[int], tree: DraftTree, label: str = "a verify pass"
+    ) -> Verification:
         """ONE target forward over [roots, tree nodes] on top of ``cache`` (which it extends)."""
         roots = [roots] if isinstance(roots, int) else list(roots)
         if not roots:
@@ -100,8 +102,10 @@ class Verifier:
         top = logits.gather(-1, tokens.unsqueeze(-1)).cpu()
         tokens = tokens.cpu()
         if not bool(torch.isfinite(top).all()):
-            raise NonFiniteError(f"the target produced non-finite logits (NaN/inf) in {label}: its weights "
-                                 "hold NaN/inf or its activations overflow the dtype (try --dtype float32)")
+            raise NonFiniteError(
+                f"the target produced non-finite logits (NaN/inf) in {label}: its weights "
+                "hold NaN/inf or its activations overflow the dtype (try --dtype float32)"
+            )
         return tokens
 
     def _attention_mask(self, n_roots: int, tree: DraftTree, past_len: int) -> torch.Tensor:
@@ -131,9 +135,11 @@ class Verifier:
             # start + i (never down); the right side is gathered before it is written
             source, target = start + nodes, start + torch.arange(kept)
             for layer in cache.layers:
-                src, dst = source.to(layer.keys.device), target.to(layer.keys.device)
-                layer.keys[:, :, dst] = layer.keys[:, :, src]
-                layer.values[:, :, dst] = layer.values[:, :, src]
+                keys, values = cast(DynamicLayer, layer).keys, cast(DynamicLayer, layer).values
+                assert keys is not None and values is not None  # filled by the pass being committed
+                src, dst = source.to(keys.device), target.to(keys.device)
+                keys[:, :, dst] = keys[:, :, src]
+                values[:, :, dst] = values[:, :, src]
         total = cache.get_seq_length()
         if total > start + kept:
             cache.crop(start + kept - total)
@@ -145,6 +151,8 @@ def check_cache(cache: DynamicCache) -> None:
     or offloaded layer would be silently corrupted, so it is refused."""
     kinds = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
     if kinds:
-        raise ConfigError(f"the target's KV cache has {', '.join(kinds)} layers; heisd's tree verification "
-                          "commits into plain DynamicLayer caches only (no sliding window, static or quantized "
-                          "cache): load the model without them")
+        raise ConfigError(
+            f"the target's KV cache has {', '.join(kinds)} layers; heisd's tree verification "
+            "commits into plain DynamicLayer caches only (no sliding window, static or quantized "
+            "cache): load the model without them"
+        )

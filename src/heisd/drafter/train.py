@@ -10,8 +10,8 @@ are cached in the output directory, keyed by target fingerprint and data selecti
 from __future__ import annotations
 
 import json
+import logging
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from itertools import groupby
@@ -29,11 +29,23 @@ from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.decoding.rollout import Features
 from heisd.drafter.model import CONFIG_FILE, WEIGHTS_FILE, Drafter, DrafterConfig, DrafterTarget, additive_mask
 from heisd.errors import InputError
-from heisd.storage import (OutputKind, append_text, atomic_file, check_output, clear_output, directory_lock,
-                           recorded_command, recorded_path, strict_json, write_json)
+from heisd.storage import (
+    OutputKind,
+    append_text,
+    atomic_file,
+    check_output,
+    clear_output,
+    directory_lock,
+    recorded_command,
+    recorded_path,
+    strict_json,
+    write_json,
+)
 from heisd.storage.guard import json_with
 from heisd.targets.base import Target
 from heisd.targets.rollout import rollout_frames
+
+log = logging.getLogger(__name__)
 
 FEATURES_FILE = "features.safetensors"
 LOG_FILE = "train_log.jsonl"
@@ -76,8 +88,8 @@ def successful_episodes(demos: Sequence[Path], skip_invalid: bool = False) -> li
     for path in demos:
         with DemoFile(path, skip_invalid) as f:
             if f.skipped:
-                print(f"{path}: left out {len(f.skipped)} invalid episodes: "
-                      + "; ".join(f"{k} {v}" for k, v in f.skipped.items()), file=sys.stderr)
+                log.warning("%s: left out %d invalid episodes: %s", path, len(f.skipped),
+                            "; ".join(f"{k} {v}" for k, v in f.skipped.items()))
             refs += [EpisodeRef(Path(path), ep.name, len(ep)) for ep in f if ep.success]
     if not refs:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in demos]}")
@@ -210,10 +222,10 @@ def _features(target: Target, fingerprint: str, demos: Sequence[Path], out: Path
             same = (f.metadata() or {}).get("key") == key
         if same:
             t = load_file(str(path))
-            print(f"using cached target features {path}")
+            log.info("using cached target features %s", path)
             return (Features(t["train_hidden"].float(), t["train_tokens"]),
                     Features(t["val_hidden"].float(), t["val_tokens"]), {"features_cached": True})
-        print(f"{path} was made from other data or another target: regenerating")
+        log.info("%s was made from other data or another target: regenerating", path)
     start = time.perf_counter()
     train_eps, train_idx, val_eps, val_idx = split_frames(successful_episodes(demos, skip_invalid), cfg)
     train = target_features(target, train_eps, train_idx, cfg.rollout_batch_size, "target rollout (train)")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+
 import numpy as np
 
 from heisd.decoding import DecodeResult
@@ -58,8 +59,14 @@ class CostSwitchConfig:
 class CostAwareSwitch:  # a `Switch`
     """Same interface as `KinematicSwitch` (`make_tracker`, `mode`), plus `observe` after each step."""
 
-    def __init__(self, kin_config: KinematicConfig, kin_stats: KinematicStats, frames: dict[str, list],
-                 n_tokens: int, config: CostSwitchConfig | None = None) -> None:
+    def __init__(
+        self,
+        kin_config: KinematicConfig,
+        kin_stats: KinematicStats,
+        frames: dict[str, list],
+        n_tokens: int,
+        config: CostSwitchConfig | None = None,
+    ) -> None:
         kin_stats.check(kin_config)
         self.kin_config, self.kin_stats = kin_config, kin_stats
         self.config, self.n_tokens = config or CostSwitchConfig(), n_tokens
@@ -73,7 +80,7 @@ class CostAwareSwitch:  # a `Switch`
         self._passes = {(m, b): MovingMean(window) for m in MODES for b in range(self.config.bins)}
         self._pieces = {name: MovingMedian(window) for name in PIECES}
         for mode, passes in seed_passes(frames, n_tokens).items():
-            for fi, p in zip(f, passes):
+            for fi, p in zip(f, passes, strict=True):
                 if np.isfinite(fi):
                     self._passes[(mode, self._bin(fi))].add(float(p))
         # the bins an F can land in (coinciding quantile edges leave some empty by construction)
@@ -101,11 +108,11 @@ class CostAwareSwitch:  # a `Switch`
         return Decision(mode, metric, expected[mode])
 
     # ----- the rule -----
-    def decide(self, metric: float | None) -> tuple[Mode, dict[str, float | None]]:
+    def decide(self, metric: float | None) -> tuple[Mode, dict[Mode, float | None]]:
         """The cheaper mode at F = `metric` (None: window not full) and both expectations (ms)."""
         return self._decide(None if metric is None else self._bin(metric))
 
-    def _decide(self, b: int | None) -> tuple[Mode, dict[str, float | None]]:
+    def _decide(self, b: int | None) -> tuple[Mode, dict[Mode, float | None]]:
         return _cheapest({m: self._expected(m, b) for m in MODES})
 
     def unanimous(self) -> tuple[Mode, float] | None:
@@ -116,18 +123,19 @@ class CostAwareSwitch:  # a `Switch`
             self._unanimous = None
             # plain locals, no dicts: this runs every step, with the caches cold after the model's passes
             pieces_r, pieces_d = self._mode_pieces("retrieval"), self._mode_pieces("drafter")
-            verdict = None
+            verdict: tuple[Mode, float] | None = None
             for b in self._cases:
                 retrieval = _expected_ms("retrieval", *self._passes_in("retrieval", b), *pieces_r)
                 drafter = _expected_ms("drafter", *self._passes_in("drafter", b), *pieces_d)
                 if retrieval is None or drafter is None:
                     return None
-                mode, ms = ("retrieval", retrieval) if retrieval <= drafter else ("drafter", drafter)  # as _cheapest
+                mode: Mode = "retrieval" if retrieval <= drafter else "drafter"  # as _cheapest
+                ms = retrieval if mode == "retrieval" else drafter
                 if verdict is not None and mode != verdict[0]:
                     return None
                 verdict = verdict or (mode, ms)  # the first case is F = None
             self._unanimous = verdict
-        return self._unanimous
+        return None if isinstance(self._unanimous, bool) else self._unanimous
 
     def expected_ms(self, mode: Mode, metric: float | None) -> float | None:
         """Expected decoding latency of `mode`; None while a piece it needs was never measured."""
@@ -178,8 +186,15 @@ def _cheapest(expected: dict[Mode, float | None]) -> tuple[Mode, dict[Mode, floa
     return min(MODES, key=lambda m: (expected[m], MODES.index(m))), expected
 
 
-def _expected_ms(mode: Mode, count: int, total: float, positive: int, prefill: float | None,
-                 verify: float | None, proposal: float | None) -> float | None:
+def _expected_ms(
+    mode: Mode,
+    count: int,
+    total: float,
+    positive: int,
+    prefill: float | None,
+    verify: float | None,
+    proposal: float | None,
+) -> float | None:
     """The formula (module docstring) from a bin's passes and the mode's piece costs; None while
     something it needs was never measured (e.g. a bin no calibration frame fell into)."""
     if not count or prefill is None or proposal is None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +29,7 @@ class KinematicConfig:
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"KinematicConfig.alpha must be in [0, 1], got {self.alpha}")
         if self.window < 3:
-            raise ValueError("KinematicConfig.window must be >= 3 (a circle needs 3 points), "
-                             f"got {self.window}")
+            raise ValueError(f"KinematicConfig.window must be >= 3 (a circle needs 3 points), got {self.window}")
         if not self.r_cap > 0.0:
             raise ValueError(f"KinematicConfig.r_cap must be > 0, got {self.r_cap}")
         if not self.threshold >= 0.0:
@@ -91,7 +91,7 @@ class KinematicStats:
     n_windows: int
 
     @classmethod
-    def fit(cls, trajectories: Sequence[np.ndarray], config: KinematicConfig) -> "KinematicStats":
+    def fit(cls, trajectories: Sequence[np.ndarray], config: KinematicConfig) -> KinematicStats:
         """Slide a window (stride 1) over every [T, 3] end-effector trajectory."""
         rs, ds = [], []
         for traj in trajectories:
@@ -102,23 +102,31 @@ class KinematicStats:
                 ds.append(path_length(win))
         if not rs:
             raise InputError(f"no demonstration episode has the {config.window} steps one kinematic window needs")
-        return cls(r_min=float(np.min(rs)), r_p95=float(np.percentile(rs, 95)),
-                   d_min=float(np.min(ds)), d_p95=float(np.percentile(ds, 95)),
-                   window=config.window, r_cap=config.r_cap, n_windows=len(rs))
+        return cls(
+            r_min=float(np.min(rs)),
+            r_p95=float(np.percentile(rs, 95)),
+            d_min=float(np.min(ds)),
+            d_p95=float(np.percentile(ds, 95)),
+            window=config.window,
+            r_cap=config.r_cap,
+            n_windows=len(rs),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "KinematicStats":
+    def from_dict(cls, data: dict[str, Any]) -> KinematicStats:
         ints = ("window", "n_windows")
-        return cls(**{f.name: (int if f.name in ints else float)(data[f.name])
-                      for f in fields(cls)})
+        values: dict[str, Any] = {f.name: (int if f.name in ints else float)(data[f.name]) for f in fields(cls)}
+        return cls(**values)
 
     def check(self, config: KinematicConfig) -> None:
         if (self.window, self.r_cap) != (config.window, config.r_cap):
-            raise ValueError(f"stats were fit with window={self.window}, r_cap={self.r_cap}; "
-                             f"config has window={config.window}, r_cap={config.r_cap}")
+            raise ValueError(
+                f"stats were fit with window={self.window}, r_cap={self.r_cap}; "
+                f"config has window={config.window}, r_cap={config.r_cap}"
+            )
 
 
 def normalize(value: float, low: float, high: float) -> float:
@@ -145,8 +153,7 @@ class TrajectoryTracker:
     times `delta_scale` (the env's metres per unit action) are added to the last position.
     """
 
-    def __init__(self, config: KinematicConfig, stats: KinematicStats,
-                 delta_scale: float | None = None) -> None:
+    def __init__(self, config: KinematicConfig, stats: KinematicStats, delta_scale: float | None = None) -> None:
         stats.check(config)
         self.config, self.stats, self.delta_scale = config, stats, delta_scale
         # plain float triples: an update runs every env step, F only when a decision needs it

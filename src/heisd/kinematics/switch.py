@@ -59,18 +59,25 @@ class KinematicSwitch:
         """Nothing to learn: the boundary is fixed."""
 
 
-def calibrate_threshold(metrics: np.ndarray, tokens_per_forward_retrieval: np.ndarray, tokens_per_forward_drafter: np.ndarray,
-                        n_candidates: int = 101) -> float:
+def calibrate_threshold(
+    metrics: np.ndarray,
+    tokens_per_forward_retrieval: np.ndarray,
+    tokens_per_forward_drafter: np.ndarray,
+    n_candidates: int = 101,
+) -> float:
     """Threshold on F maximizing mean expected tokens per target forward over frames.
 
-    `metrics[i]` is F on frame i; `tokens_per_forward_retrieval[i]` / `tokens_per_forward_drafter[i]` the tokens per target
-    forward each mode achieves there (offline replay under the acceptance rules). Candidates:
+    `metrics[i]` is F on frame i; `tokens_per_forward_retrieval[i]` / `tokens_per_forward_drafter[i]`
+    the tokens per target forward each mode achieves there (offline replay under the acceptance
+    rules). Candidates:
     the F quantiles at `n_candidates` evenly spaced levels (observed values) plus one value
     above every F (drafter everywhere). Ties go to the lowest threshold: retrieval runs no
     draft model.
     """
-    metrics, tpf_r, tpf_d = (np.asarray(a, dtype=np.float64).ravel()
-                             for a in (metrics, tokens_per_forward_retrieval, tokens_per_forward_drafter))
+    metrics, tpf_r, tpf_d = (
+        np.asarray(a, dtype=np.float64).ravel()
+        for a in (metrics, tokens_per_forward_retrieval, tokens_per_forward_drafter)
+    )
     if not (len(metrics) == len(tpf_r) == len(tpf_d)) or len(metrics) == 0:
         raise ValueError("metrics and both tokens-per-forward arrays need one non-zero length")
     if not all(np.all(np.isfinite(a)) for a in (metrics, tpf_r, tpf_d)):

@@ -2,7 +2,8 @@
 
 One entry per demonstration frame: key = the target's retrieval key (`Target.retrieval_key`:
 for the small VLA its pooled vision feature beside the normalized state, for OpenVLA its
-pooled projected patches); payload = the demonstrator's action tokens of this step and the next `n_sequences - 1` steps (frames),
+pooled projected patches); payload = the demonstrator's action tokens of this step and the next
+`n_sequences - 1` steps (frames),
 the target's own greedy tokens and its lm_head-input hidden state at the first action
 position (batched greedy decoding: exactly what the decode loop's prefill and AR steps
 compute), the end-effector position, episode / step / task. The manifest's extras carry the
@@ -12,9 +13,10 @@ kinematic statistics F is normalized with and the action layout.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,8 +55,9 @@ class EncodedFrames:
 def encode_frames(target: Target, images: np.ndarray, instruction: str, states: np.ndarray) -> EncodedFrames:
     """Run the target on B frames of one instruction: key, greedy tokens, prefill hidden state."""
     out = rollout_frames(target, images, instruction, states)
-    return EncodedFrames(keys=out.keys.numpy(), own_tokens=out.features.tokens.numpy(),
-                         hidden=out.features.hidden[:, 0].numpy())
+    return EncodedFrames(
+        keys=out.keys.numpy(), own_tokens=out.features.tokens.numpy(), hidden=out.features.hidden[:, 0].numpy()
+    )
 
 
 @torch.no_grad()
@@ -75,9 +78,15 @@ def demo_tokens(target: Target, actions: np.ndarray, n_sequences: int) -> np.nda
     return ids[steps]
 
 
-def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | Path,
-                    config: BuildConfig | None = None, overwrite: bool = False,
-                    skip_invalid: bool = False, benchmark: str | None = None) -> dict[str, Any]:
+def build_datastore(
+    target: Target,
+    demos: Sequence[str | Path],
+    out_dir: str | Path,
+    config: BuildConfig | None = None,
+    overwrite: bool = False,
+    skip_invalid: bool = False,
+    benchmark: str | None = None,
+) -> dict[str, Any]:
     """Encode every frame of every successful episode and write the datastore; returns a summary.
     Failed expert demonstrations are left out: their actions would be drafted as if they were
     right. The target's own rollouts (`heisd demos --policy DIR`) are kept whole, failures too:
@@ -88,9 +97,14 @@ def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | 
     config = config or BuildConfig()
     check_output(Path(out_dir), DATASTORE, overwrite)  # before the expensive part; finalize checks again
     spec = target.spec
-    writer = DatastoreWriter(key_dim=key_dim(target), hidden_dim=spec.hidden_size, n_tokens=spec.n_action_tokens,
-                             n_sequences=config.n_sequences, target_fingerprint=target.fingerprint(),
-                             index_config=IndexConfig(kind=config.index))
+    writer = DatastoreWriter(
+        key_dim=key_dim(target),
+        hidden_dim=spec.hidden_size,
+        n_tokens=spec.n_action_tokens,
+        n_sequences=config.n_sequences,
+        target_fingerprint=target.fingerprint(),
+        index_config=IndexConfig(kind=config.index),
+    )
     trajectories, episodes, dropped, start = [], 0, 0, time.perf_counter()
     # per file: who acted and its entries' episode ids [first, end): an entry's source is its episode's
     sources: list[dict[str, Any]] = []
@@ -104,8 +118,10 @@ def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | 
             with DemoFile(path, skip_invalid) as f:
                 source = f.attrs.get("source", "expert")
                 if source == "dagger":  # expert labels on the target's states: neither kind of entry
-                    raise DemoFormatError(f"{path}: a DAgger file (the target acted, the expert labelled) is "
-                                          "training data for train-vla, not datastore entries")
+                    raise DemoFormatError(
+                        f"{path}: a DAgger file (the target acted, the expert labelled) is "
+                        "training data for train-vla, not datastore entries"
+                    )
                 tally = {"path": recorded_path(path), "source": source, "episodes": [episodes, episodes], "frames": 0}
                 sources.append(tally)
                 for ep in f:
@@ -114,15 +130,24 @@ def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | 
                         dropped += 1
                         continue
                     if ep.actions.shape[1] != spec.action_dim:
-                        raise DemoFormatError(f"{path}: data/{ep.name}/actions has {ep.actions.shape[1]} dims, "
-                                              f"the target's actions have {spec.action_dim}")
+                        raise DemoFormatError(
+                            f"{path}: data/{ep.name}/actions has {ep.actions.shape[1]} dims, "
+                            f"the target's actions have {spec.action_dim}"
+                        )
                     demo = demo_tokens(target, ep.actions, config.n_sequences)
                     for lo in range(0, len(ep), config.batch_size):
                         hi = min(lo + config.batch_size, len(ep))
                         enc = encode_frames(target, ep.images[lo:hi], ep.instruction, ep.state[lo:hi])
-                        writer.add(keys=enc.keys, tokens=demo[lo:hi], own_tokens=enc.own_tokens,
-                                   hidden=enc.hidden, ee_pos=ep.ee_pos[lo:hi], episode=episodes,
-                                   step=np.arange(lo, hi), task=ep.task)
+                        writer.add(
+                            keys=enc.keys,
+                            tokens=demo[lo:hi],
+                            own_tokens=enc.own_tokens,
+                            hidden=enc.hidden,
+                            ee_pos=ep.ee_pos[lo:hi],
+                            episode=episodes,
+                            step=np.arange(lo, hi),
+                            task=ep.task,
+                        )
                     if source != "target":
                         trajectories.append(ep.ee_pos)
                     episodes += 1
@@ -134,16 +159,28 @@ def build_datastore(target: Target, demos: Sequence[str | Path], out_dir: str | 
     kinematic = KinematicConfig()
     if not trajectories:
         raise DemoFormatError("the kinematic statistics need expert demonstrations beside the target's rollouts")
-    summary = {"demos": [recorded_path(p) for p in demos], "demo_files": [demo_identity(p) for p in demos],
-               "episodes": episodes, "dropped_failed": dropped, "dropped_invalid": invalid, "sources": sources,
-               "frames": len(writer), "seconds": round(seconds, 2),
-               "frames_per_s": round(len(writer) / seconds, 1), "threads": torch.get_num_threads(),
-               **asdict(config)}
+    summary = {
+        "demos": [recorded_path(p) for p in demos],
+        "demo_files": [demo_identity(p) for p in demos],
+        "episodes": episodes,
+        "dropped_failed": dropped,
+        "dropped_invalid": invalid,
+        "sources": sources,
+        "frames": len(writer),
+        "seconds": round(seconds, 2),
+        "frames_per_s": round(len(writer) / seconds, 1),
+        "threads": torch.get_num_threads(),
+        **asdict(config),
+    }
     extras = {
         KINEMATIC_STATS_KEY: KinematicStats.fit(trajectories, kinematic).to_dict(),
         "kinematic_config": asdict(kinematic),
-        LAYOUT_KEY: {"action_dim": spec.action_dim, "chunk": spec.chunk, "vocab_size": spec.vocab_size,
-                     "n_bins": spec.n_bins},
+        LAYOUT_KEY: {
+            "action_dim": spec.action_dim,
+            "chunk": spec.chunk,
+            "vocab_size": spec.vocab_size,
+            "n_bins": spec.n_bins,
+        },
         BUILD_KEY: summary,
     }
     writer.finalize(out_dir, extras=extras, overwrite=overwrite)
@@ -165,12 +202,13 @@ def check_held_out(root: str | Path, demos: Sequence[str | Path]) -> None:
     for path in demos:
         same = by_sha.get(sha256_file(Path(path))) if by_sha else by_path.get(str(Path(path).resolve()))
         if same is not None:
-            raise InputError(f"--demos {path}: {root} was built from this file ({same}); calibrate on "
-                             "held-out demonstrations (e.g. heisd demos --seed 2)")
+            raise InputError(
+                f"--demos {path}: {root} was built from this file ({same}); calibrate on "
+                "held-out demonstrations (e.g. heisd demos --seed 2)"
+            )
 
 
 def open_datastore(path: str | Path, target: Target, **kwargs: Any) -> Datastore:
     """Load a datastore for `target`; a datastore built for another target is refused (its
     own tokens and hidden states would describe a different model)."""
-    return Datastore.load(path, expected_fingerprint=target.fingerprint(),
-                          expected_key_dim=key_dim(target), **kwargs)
+    return Datastore.load(path, expected_fingerprint=target.fingerprint(), expected_key_dim=key_dim(target), **kwargs)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import faiss
 import numpy as np
@@ -28,7 +29,13 @@ from heisd.retrieval.entries import GLOBAL_COLLECTION, PAYLOAD_FIELDS, EntryBuff
 from heisd.retrieval.index import IndexConfig, build_index, index_kind, set_ef_search
 from heisd.retrieval.loading import load_validated
 from heisd.retrieval.manifest import (
-    DATASTORE, FORMAT_VERSION, MANIFEST, DatastoreError, edit_manifest_extras, file_record)
+    DATASTORE,
+    FORMAT_VERSION,
+    MANIFEST,
+    DatastoreError,
+    edit_manifest_extras,
+    file_record,
+)
 from heisd.storage import atomic_directory, check_output, directory_lock, write_json
 
 METRIC = "cosine"  # inner product on L2-normalized keys
@@ -63,9 +70,17 @@ class DatastoreWriter:
     empty collection is never written: it would silently fall back to global at query time).
     """
 
-    def __init__(self, *, key_dim: int, hidden_dim: int, n_tokens: int, n_sequences: int = 4,
-                 target_fingerprint: str, index_config: IndexConfig | None = None,
-                 tasks: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        key_dim: int,
+        hidden_dim: int,
+        n_tokens: int,
+        n_sequences: int = 4,
+        target_fingerprint: str,
+        index_config: IndexConfig | None = None,
+        tasks: Sequence[str] | None = None,
+    ) -> None:
         self.target_fingerprint = target_fingerprint
         self.index_config = index_config or IndexConfig()
         self._buffer = EntryBuffer(key_dim, hidden_dim, n_tokens, n_sequences, tasks)
@@ -73,15 +88,31 @@ class DatastoreWriter:
     def __len__(self) -> int:
         return self._buffer.n_entries
 
-    def add(self, *, keys: np.ndarray, tokens: np.ndarray, own_tokens: np.ndarray,
-            hidden: np.ndarray, ee_pos: np.ndarray, episode: int | np.ndarray,
-            step: np.ndarray, task: str | Sequence[str]) -> None:
+    def add(
+        self,
+        *,
+        keys: np.ndarray,
+        tokens: np.ndarray,
+        own_tokens: np.ndarray,
+        hidden: np.ndarray,
+        ee_pos: np.ndarray,
+        episode: int | np.ndarray,
+        step: np.ndarray,
+        task: str | Sequence[str],
+    ) -> None:
         """Append a batch of B entries (keys are L2-normalized here); scalars broadcast."""
-        self._buffer.add(keys=keys, tokens=tokens, own_tokens=own_tokens, hidden=hidden,
-                         ee_pos=ee_pos, episode=episode, step=step, task=task)
+        self._buffer.add(
+            keys=keys,
+            tokens=tokens,
+            own_tokens=own_tokens,
+            hidden=hidden,
+            ee_pos=ee_pos,
+            episode=episode,
+            step=step,
+            task=task,
+        )
 
-    def finalize(self, out_dir: str | Path, *, extras: dict[str, Any] | None = None,
-                 overwrite: bool = False) -> Path:
+    def finalize(self, out_dir: str | Path, *, extras: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
         """Build every index and write the directory (see the module docstring); returns it.
         `extras` seeds the manifest's free dict (calibrated thresholds, kinematic stats).
         `overwrite` replaces an existing datastore's files (never anything else), holding its lock."""
@@ -90,9 +121,10 @@ class DatastoreWriter:
         buf = self._buffer
         counts = buf.task_counts()
         if buf.n_entries == 0:
-            raise DatastoreError(out_dir, "refusing to write an empty datastore "
-                                 f"(collection {GLOBAL_COLLECTION!r} has 0 entries)")
-        empty = [name for name, count in zip(buf.tasks, counts) if count == 0]
+            raise DatastoreError(
+                out_dir, f"refusing to write an empty datastore (collection {GLOBAL_COLLECTION!r} has 0 entries)"
+            )
+        empty = [name for name, count in zip(buf.tasks, counts, strict=True) if count == 0]
         if empty:
             raise DatastoreError(out_dir, f"refusing to write empty collections for tasks {empty}")
         arrays = buf.arrays()
@@ -102,8 +134,7 @@ class DatastoreWriter:
                 self._write(tmp, buf, arrays, extras)
         return out_dir
 
-    def _write(self, tmp: Path, buf: EntryBuffer, arrays: dict[str, np.ndarray],
-               extras: dict[str, Any] | None) -> None:
+    def _write(self, tmp: Path, buf: EntryBuffer, arrays: dict[str, np.ndarray], extras: dict[str, Any] | None) -> None:
         files: dict[str, dict[str, Any]] = {}
 
         # Both written through Python's files, whose errors keep their errno: np.save to a path
@@ -116,28 +147,43 @@ class DatastoreWriter:
 
         def save_index(name: str, keys: np.ndarray) -> str:
             index = build_index(keys, self.index_config)
-            (tmp / name).write_bytes(faiss.serialize_index(index))
+            (tmp / name).write_bytes(faiss.serialize_index(index).tobytes())
             files[name] = file_record(tmp / name)
             return index_kind(index)
 
         for name in PAYLOAD_FIELDS:
             save_array(f"{name}.npy", arrays[name])
-        collections = {GLOBAL_COLLECTION: {
-            "count": buf.n_entries, "index": "index_global.faiss", "ids": None,
-            "kind": save_index("index_global.faiss", arrays["keys"])}}
+        collections = {
+            GLOBAL_COLLECTION: {
+                "count": buf.n_entries,
+                "index": "index_global.faiss",
+                "ids": None,
+                "kind": save_index("index_global.faiss", arrays["keys"]),
+            }
+        }
         for t, name in enumerate(buf.tasks):
             ids = np.flatnonzero(arrays["task_id"] == t).astype(np.int64)
             save_array(f"ids_task{t}.npy", ids)
             collections[name] = {
-                "count": int(len(ids)), "index": f"index_task{t}.faiss",
+                "count": int(len(ids)),
+                "index": f"index_task{t}.faiss",
                 "ids": f"ids_task{t}.npy",
-                "kind": save_index(f"index_task{t}.faiss", arrays["keys"][ids])}
+                "kind": save_index(f"index_task{t}.faiss", arrays["keys"][ids]),
+            }
         manifest = {
-            "format_version": FORMAT_VERSION, "target_fingerprint": self.target_fingerprint,
-            "key_dim": buf.key_dim, "hidden_dim": buf.hidden_dim, "n_tokens": buf.n_tokens,
-            "n_sequences": buf.n_sequences, "metric": METRIC, "n_entries": buf.n_entries,
-            "tasks": list(buf.tasks), "collections": collections, "files": files,
-            "index_config": asdict(self.index_config), "extras": dict(extras or {}),
+            "format_version": FORMAT_VERSION,
+            "target_fingerprint": self.target_fingerprint,
+            "key_dim": buf.key_dim,
+            "hidden_dim": buf.hidden_dim,
+            "n_tokens": buf.n_tokens,
+            "n_sequences": buf.n_sequences,
+            "metric": METRIC,
+            "n_entries": buf.n_entries,
+            "tasks": list(buf.tasks),
+            "collections": collections,
+            "files": files,
+            "index_config": asdict(self.index_config),
+            "extras": dict(extras or {}),
             "created": _creation_info(),
         }
         write_json(tmp / MANIFEST, manifest, sort_keys=True)
@@ -148,23 +194,31 @@ def _own_files(root: Path) -> list[str]:
     try:
         files = [str(name) for name in json.loads((root / MANIFEST).read_text())["files"]]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise DatastoreError(root / MANIFEST, f"cannot tell which files the datastore there owns ({err}); "
-                             "nothing was replaced: move it away or choose another --out") from err
+        raise DatastoreError(
+            root / MANIFEST,
+            f"cannot tell which files the datastore there owns ({err}); "
+            "nothing was replaced: move it away or choose another --out",
+        ) from err
     return [MANIFEST, *files]
 
 
 def _creation_info() -> dict[str, str]:
     """When and with what versions (not on which machine: a manifest may be committed)."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    return {"utc": now, "heisd": heisd.__version__,
-            "faiss": faiss.__version__, "numpy": np.__version__}
+    return {"utc": now, "heisd": heisd.__version__, "faiss": faiss.__version__, "numpy": np.__version__}
 
 
 class Datastore:
     """A loaded, validated datastore held in CPU memory; answers Top-K queries per task."""
 
-    def __init__(self, root: Path, manifest: dict[str, Any], arrays: dict[str, np.ndarray],
-                 indexes: dict[str, faiss.Index], ids: dict[str, np.ndarray | None]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        manifest: dict[str, Any],
+        arrays: dict[str, np.ndarray],
+        indexes: dict[str, faiss.Index],
+        ids: dict[str, np.ndarray | None],
+    ) -> None:
         self.root = root
         self._manifest = manifest
         self._indexes = indexes
@@ -178,12 +232,17 @@ class Datastore:
         self.step, self.task_id = arrays["step"], arrays["task_id"]
 
     @classmethod
-    def load(cls, path: str | Path, *, expected_fingerprint: str | None = None,
-             expected_key_dim: int | None = None, verify_checksums: bool = True,
-             ef_search: int | None = None) -> "Datastore":
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        expected_fingerprint: str | None = None,
+        expected_key_dim: int | None = None,
+        verify_checksums: bool = True,
+        ef_search: int | None = None,
+    ) -> Datastore:
         """Load and validate; any problem raises `DatastoreError` naming the file and the fault."""
-        return cls(*load_validated(Path(path), expected_fingerprint, expected_key_dim,
-                                   verify_checksums, ef_search))
+        return cls(*load_validated(Path(path), expected_fingerprint, expected_key_dim, verify_checksums, ef_search))
 
     # -- description -------------------------------------------------------------------
     @property
@@ -230,8 +289,7 @@ class Datastore:
         """Top-k entries by cosine similarity to `key` ([Dk]) within `task`'s collection."""
         return self.query_batch(np.asarray(key)[None, :], task, k)[0]
 
-    def query_batch(self, keys: np.ndarray, task: str | None = None,
-                    k: int = 8) -> list[RetrievalResult]:
+    def query_batch(self, keys: np.ndarray, task: str | None = None, k: int = 8) -> list[RetrievalResult]:
         """Top-k for each row of `keys` ([B, Dk]), e.g. held-out frames during calibration."""
         keys = np.asarray(keys, dtype=np.float32)
         if keys.ndim != 2 or keys.shape[1] != self.key_dim:
@@ -245,20 +303,27 @@ class Datastore:
         sims, rows = self._indexes[name].search(np.ascontiguousarray(keys / norms), k)
         ids = self._ids[name]
         results = []
-        for sim, row in zip(sims, rows):
+        for sim, row in zip(sims, rows, strict=True):
             keep = row >= 0  # faiss pads with -1 when the collection has fewer than k entries
             idx = row[keep] if ids is None else ids[row[keep]]
             results.append(self._result(name, fell_back, idx.astype(np.int64), sim[keep]))
         return results
 
-    def _result(self, name: str, fell_back: bool, idx: np.ndarray,
-                sims: np.ndarray) -> RetrievalResult:
+    def _result(self, name: str, fell_back: bool, idx: np.ndarray, sims: np.ndarray) -> RetrievalResult:
         tasks = self._manifest["tasks"]
         return RetrievalResult(
-            collection=name, fell_back=fell_back, indices=idx, similarities=sims.astype(np.float32),
-            tokens=self.tokens[idx], own_tokens=self.own_tokens[idx], hidden=self.hidden[idx],
-            ee_pos=self.ee_pos[idx], episode=self.episode[idx], step=self.step[idx],
-            tasks=tuple(tasks[t] for t in self.task_id[idx]))
+            collection=name,
+            fell_back=fell_back,
+            indices=idx,
+            similarities=sims.astype(np.float32),
+            tokens=self.tokens[idx],
+            own_tokens=self.own_tokens[idx],
+            hidden=self.hidden[idx],
+            ee_pos=self.ee_pos[idx],
+            episode=self.episode[idx],
+            step=self.step[idx],
+            tasks=tuple(tasks[t] for t in self.task_id[idx]),
+        )
 
     # -- persistence of calibrated values ---------------------------------------------
     def update_extras(self, values: dict[str, Any]) -> dict[str, Any]:

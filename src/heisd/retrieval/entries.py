@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -11,7 +11,7 @@ PAYLOAD_FIELDS = ("keys", "tokens", "own_tokens", "hidden", "ee_pos", "episode",
 GLOBAL_COLLECTION = "__global__"  # name of the all-entries collection; no task may use it
 
 
-def _int32(name: str, value: np.ndarray) -> np.ndarray:
+def _int32(name: str, value: int | np.ndarray) -> np.ndarray:
     array = np.asarray(value)
     if array.dtype.kind not in "iu":
         raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
@@ -24,10 +24,15 @@ def _int32(name: str, value: np.ndarray) -> np.ndarray:
 class EntryBuffer:
     """Checks shapes batch by batch, so a bad batch fails where it is added, not at finalize."""
 
-    def __init__(self, key_dim: int, hidden_dim: int, n_tokens: int, n_sequences: int,
-                 tasks: Sequence[str] | None) -> None:
-        for name, value in (("key_dim", key_dim), ("hidden_dim", hidden_dim),
-                            ("n_tokens", n_tokens), ("n_sequences", n_sequences)):
+    def __init__(
+        self, key_dim: int, hidden_dim: int, n_tokens: int, n_sequences: int, tasks: Sequence[str] | None
+    ) -> None:
+        for name, value in (
+            ("key_dim", key_dim),
+            ("hidden_dim", hidden_dim),
+            ("n_tokens", n_tokens),
+            ("n_sequences", n_sequences),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.key_dim, self.hidden_dim = key_dim, hidden_dim
@@ -48,9 +53,18 @@ class EntryBuffer:
             self.tasks.append(task)
         return self._task_ids[task]
 
-    def add(self, *, keys: np.ndarray, tokens: np.ndarray, own_tokens: np.ndarray,
-            hidden: np.ndarray, ee_pos: np.ndarray, episode: int | np.ndarray,
-            step: np.ndarray, task: str | Sequence[str]) -> None:
+    def add(
+        self,
+        *,
+        keys: np.ndarray,
+        tokens: np.ndarray,
+        own_tokens: np.ndarray,
+        hidden: np.ndarray,
+        ee_pos: np.ndarray,
+        episode: int | np.ndarray,
+        step: np.ndarray,
+        task: str | Sequence[str],
+    ) -> None:
         keys = np.asarray(keys, dtype=np.float32)
         if keys.ndim != 2 or keys.shape[1] != self.key_dim:
             raise ValueError(f"keys must have shape [B, {self.key_dim}], got {keys.shape}")
@@ -72,9 +86,12 @@ class EntryBuffer:
             raise ValueError(f"task must be one name or {b} names, got {len(names)}")
         if self.declared and (unknown := set(names) - set(self.tasks)):
             raise ValueError(f"tasks {sorted(unknown)} were not declared ({self.tasks})")
-        expected = {"tokens": (b, self.n_sequences, self.n_tokens),
-                    "own_tokens": (b, self.n_tokens), "hidden": (b, self.hidden_dim),
-                    "ee_pos": (b, 3)}
+        expected = {
+            "tokens": (b, self.n_sequences, self.n_tokens),
+            "own_tokens": (b, self.n_tokens),
+            "hidden": (b, self.hidden_dim),
+            "ee_pos": (b, 3),
+        }
         for field, shape in expected.items():
             if (got := batch[field].shape) != shape:
                 raise ValueError(f"{field} must have shape {list(shape)}, got {list(got)}")

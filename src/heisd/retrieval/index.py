@@ -64,8 +64,9 @@ def set_ef_search(index: faiss.Index, ef_search: int) -> None:
         index.hnsw.efSearch = int(ef_search)
 
 
-def clustered_keys(n: int, dim: int, centers: np.ndarray, rng: np.random.Generator,
-                   spread: float = 0.3, chunk: int = 65536) -> np.ndarray:
+def clustered_keys(
+    n: int, dim: int, centers: np.ndarray, rng: np.random.Generator, spread: float = 0.3, chunk: int = 65536
+) -> np.ndarray:
     """Normalized points scattered around `centers`: demonstration frames of a task look
     alike, so real keys cluster; uniform random keys would make HNSW look worse than it is."""
     out = np.empty((n, dim), dtype=np.float32)
@@ -77,8 +78,9 @@ def clustered_keys(n: int, dim: int, centers: np.ndarray, rng: np.random.Generat
     return out
 
 
-def benchmark_index(n_entries: int, key_dim: int, k: int = 8, n_queries: int = 200,
-                    config: IndexConfig | None = None, seed: int = 0) -> dict[str, Any]:
+def benchmark_index(
+    n_entries: int, key_dim: int, k: int = 8, n_queries: int = 200, config: IndexConfig | None = None, seed: int = 0
+) -> dict[str, Any]:
     """Build an index over clustered synthetic keys and time single queries on one thread.
 
     Returns kind, build_s (with faiss' default thread count), bytes_per_entry (serialized
@@ -113,10 +115,15 @@ def benchmark_index(n_entries: int, key_dim: int, k: int = 8, n_queries: int = 2
         exact = faiss.IndexFlatIP(key_dim)
         exact.add(keys)
         _, truth = exact.search(queries, k)
-        recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found, truth)]))
+        recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found, truth, strict=True)]))
     return {
-        "n_entries": n_entries, "key_dim": key_dim, "k": k, "n_queries": n_queries,
-        "kind": index_kind(index), "ef_search": config.ef_search, "build_s": build_s,
+        "n_entries": n_entries,
+        "key_dim": key_dim,
+        "k": k,
+        "n_queries": n_queries,
+        "kind": index_kind(index),
+        "ef_search": config.ef_search,
+        "build_s": build_s,
         "bytes_per_entry": bytes_per_entry,
         "query_p50_ms": float(np.percentile(times, 50) * 1e3),
         "query_p90_ms": float(np.percentile(times, 90) * 1e3),
@@ -138,10 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     print("| entries | key dim | index | build s | bytes/entry | query p50 ms | query p90 ms | recall@8 |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.entries:
-        r = benchmark_index(n, args.key_dim, n_queries=args.queries,
-                            config=IndexConfig(kind=args.kind, ef_search=args.ef_search))
-        print(f"| {n} | {args.key_dim} | {r['kind']} | {r['build_s']:.2f} | {r['bytes_per_entry']:.0f} | "
-              f"{r['query_p50_ms']:.3f} | {r['query_p90_ms']:.3f} | {r['recall_at_k']:.3f} |", flush=True)
+        r = benchmark_index(
+            n, args.key_dim, n_queries=args.queries, config=IndexConfig(kind=args.kind, ef_search=args.ef_search)
+        )
+        print(
+            f"| {n} | {args.key_dim} | {r['kind']} | {r['build_s']:.2f} | {r['bytes_per_entry']:.0f} | "
+            f"{r['query_p50_ms']:.3f} | {r['query_p90_ms']:.3f} | {r['recall_at_k']:.3f} |",
+            flush=True,
+        )
     return 0
 
 

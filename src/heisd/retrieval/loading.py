@@ -12,8 +12,7 @@ from heisd.retrieval.entries import GLOBAL_COLLECTION, PAYLOAD_FIELDS
 from heisd.retrieval.index import set_ef_search
 from heisd.retrieval.manifest import MANIFEST, DatastoreError, read_manifest, verify_files
 
-Loaded = tuple[Path, dict[str, Any], dict[str, np.ndarray], dict[str, faiss.Index],
-               dict[str, np.ndarray | None]]
+Loaded = tuple[Path, dict[str, Any], dict[str, np.ndarray], dict[str, faiss.Index], dict[str, np.ndarray | None]]
 
 
 def _load_array(path: Path) -> np.ndarray:
@@ -30,31 +29,46 @@ def _load_index(path: Path, key_dim: int, count: int) -> faiss.Index:
     except RuntimeError as err:
         raise DatastoreError(path, f"unreadable FAISS index: {err}") from err
     if index.d != key_dim or index.ntotal != count:
-        raise DatastoreError(path, f"index holds {index.ntotal} x {index.d}-d vectors, "
-                             f"manifest says {count} x {key_dim}-d")
+        raise DatastoreError(
+            path, f"index holds {index.ntotal} x {index.d}-d vectors, manifest says {count} x {key_dim}-d"
+        )
     return index
 
 
 def _check_shapes(root: Path, m: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     n = m["n_entries"]
-    expected = {"keys": (n, m["key_dim"]), "tokens": (n, m["n_sequences"], m["n_tokens"]),
-                "own_tokens": (n, m["n_tokens"]), "hidden": (n, m["hidden_dim"]), "ee_pos": (n, 3),
-                "episode": (n,), "step": (n,), "task_id": (n,)}
+    expected = {
+        "keys": (n, m["key_dim"]),
+        "tokens": (n, m["n_sequences"], m["n_tokens"]),
+        "own_tokens": (n, m["n_tokens"]),
+        "hidden": (n, m["hidden_dim"]),
+        "ee_pos": (n, 3),
+        "episode": (n,),
+        "step": (n,),
+        "task_id": (n,),
+    }
     for field, shape in expected.items():
         if (got := arrays[field].shape) != shape:
-            raise DatastoreError(root / f"{field}.npy",
-                                 f"shape {list(got)}, manifest implies {list(shape)}")
+            raise DatastoreError(root / f"{field}.npy", f"shape {list(got)}, manifest implies {list(shape)}")
     if n and (arrays["task_id"].min() < 0 or arrays["task_id"].max() >= len(m["tasks"])):
         raise DatastoreError(root / "task_id.npy", "task ids outside the manifest's task list")
 
 
-def load_validated(root: Path, expected_fingerprint: str | None, expected_key_dim: int | None,
-                   verify_checksums: bool, ef_search: int | None) -> Loaded:
+def load_validated(
+    root: Path,
+    expected_fingerprint: str | None,
+    expected_key_dim: int | None,
+    verify_checksums: bool,
+    ef_search: int | None,
+) -> Loaded:
     m = read_manifest(root)
     manifest_path = root / MANIFEST
     if expected_fingerprint is not None and m["target_fingerprint"] != expected_fingerprint:
-        raise DatastoreError(manifest_path, f"built for target {m['target_fingerprint']!r}, "
-                             f"expected {expected_fingerprint!r} (rebuild it for this target)")
+        raise DatastoreError(
+            manifest_path,
+            f"built for target {m['target_fingerprint']!r}, "
+            f"expected {expected_fingerprint!r} (rebuild it for this target)",
+        )
     if expected_key_dim is not None and m["key_dim"] != expected_key_dim:
         raise DatastoreError(manifest_path, f"key_dim {m['key_dim']}, expected {expected_key_dim}")
     collections = m["collections"]

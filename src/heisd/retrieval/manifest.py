@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from heisd.errors import HeisdError
 from heisd.storage import OutputKind, directory_lock, fsync_path, write_json
@@ -52,8 +53,7 @@ def verify_files(root: Path, files: dict[str, dict[str, Any]], checksums: bool) 
             raise DatastoreError(path, "missing file listed in the manifest")
         size = path.stat().st_size
         if size != record["bytes"]:
-            raise DatastoreError(path, f"truncated or altered: {size} bytes, "
-                                 f"manifest says {record['bytes']}")
+            raise DatastoreError(path, f"truncated or altered: {size} bytes, manifest says {record['bytes']}")
         if checksums and sha256_file(path) != record["sha256"]:
             raise DatastoreError(path, "sha256 checksum mismatch (file corrupted)")
 
@@ -73,8 +73,18 @@ def read_manifest(root: Path) -> dict[str, Any]:
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise DatastoreError(path, f"format_version {version!r}, this code reads {FORMAT_VERSION}")
-    required = ("target_fingerprint", "key_dim", "hidden_dim", "n_tokens", "n_sequences",
-                "n_entries", "tasks", "collections", "files", "extras")
+    required = (
+        "target_fingerprint",
+        "key_dim",
+        "hidden_dim",
+        "n_tokens",
+        "n_sequences",
+        "n_entries",
+        "tasks",
+        "collections",
+        "files",
+        "extras",
+    )
     missing = [key for key in required if key not in manifest]
     if missing:
         raise DatastoreError(path, f"manifest lacks fields {missing}")
@@ -86,8 +96,9 @@ def files_fingerprint(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
 
 
-def edit_manifest_extras(root: Path, expected_files: dict[str, Any],
-                         edit: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+def edit_manifest_extras(
+    root: Path, expected_files: dict[str, Any], edit: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
     """Read the manifest fresh under the directory lock, replace its extras by `edit(extras)`,
     write it atomically; returns the new manifest. Concurrent writers queue on the lock, so none
     loses another's edit. `expected_files`: the file records the caller loaded, so an edit never
@@ -95,8 +106,9 @@ def edit_manifest_extras(root: Path, expected_files: dict[str, Any],
     with directory_lock(root, wait_s=LOCK_WAIT_S, create=False):
         manifest = read_manifest(root)
         if manifest["files"] != expected_files:
-            raise DatastoreError(root / MANIFEST, "the datastore was rebuilt since it was loaded; "
-                                 "nothing was written (load it again)")
+            raise DatastoreError(
+                root / MANIFEST, "the datastore was rebuilt since it was loaded; nothing was written (load it again)"
+            )
         manifest["extras"] = edit(dict(manifest["extras"]))
         write_json(root / MANIFEST, manifest, sort_keys=True)
     return manifest

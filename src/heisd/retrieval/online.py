@@ -10,7 +10,7 @@ that was never calibrated.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,12 +29,15 @@ def calibration_of(record: dict) -> dict:
 def check_persistable(skips: Sequence[AdaptiveThreshold]) -> None:
     """Before a run: `--persist-thresholds` needs skips that started from a calibration."""
     if not skips:
-        raise UsageError("--persist-thresholds: this method adapts no skip threshold "
-                         "(use --method retrieval or heisd, with verify-skip or prefill skip)")
+        raise UsageError(
+            "--persist-thresholds: this method adapts no skip threshold "
+            "(use --method retrieval or heisd, with verify-skip or prefill skip)"
+        )
     for skip in skips:
         if "calibrated_theta" not in skip.source:
-            raise UsageError(f"--persist-thresholds: the datastore has no calibrated {skip.extras_key} "
-                             "(run heisd calibrate first)")
+            raise UsageError(
+                f"--persist-thresholds: the datastore has no calibrated {skip.extras_key} (run heisd calibrate first)"
+            )
 
 
 def persist_thresholds(datastore: Datastore, skips: Sequence[AdaptiveThreshold]) -> dict[str, dict]:
@@ -45,11 +48,17 @@ def persist_thresholds(datastore: Datastore, skips: Sequence[AdaptiveThreshold])
         for skip in skips:
             now = extras.get(skip.extras_key)
             if now is None or calibration_of(now) != calibration_of(skip.source):
-                raise DatastoreError(datastore.root / MANIFEST, f"{skip.extras_key} was recalibrated since this "
-                                     "run started; the run's online thresholds were not stored")
+                raise DatastoreError(
+                    datastore.root / MANIFEST,
+                    f"{skip.extras_key} was recalibrated since this "
+                    "run started; the run's online thresholds were not stored",
+                )
             theta = now["theta"] + skip.theta - skip.source["theta"]
-            extras[skip.extras_key] = {**now, "theta": float(np.clip(theta, calibrated_floor(now), 1.0)),
-                                       "online_updates": int(now.get("online_updates", 0)) + skip.updates}
+            extras[skip.extras_key] = {
+                **now,
+                "theta": float(np.clip(theta, calibrated_floor(now), 1.0)),
+                "online_updates": int(now.get("online_updates", 0)) + skip.updates,
+            }
         return extras
 
     extras = datastore.edit_extras(edit)

@@ -48,8 +48,7 @@ def action_groups(action_dim: int, chunk: int) -> tuple[list[list[int]], list[in
     exact: list[int] = []
     for c in range(chunk):
         base = c * action_dim
-        groups += [list(range(base + i, min(base + i + 3, base + action_dim - 1)))
-                   for i in range(0, action_dim - 1, 3)]
+        groups += [list(range(base + i, min(base + i + 3, base + action_dim - 1))) for i in range(0, action_dim - 1, 3)]
         exact.append(len(groups))
         groups.append([base + action_dim - 1])
     return groups, exact
@@ -106,8 +105,14 @@ class RetrievalConfig:
         return np.stack([result.own_tokens, result.tokens[:, 0]], axis=1).reshape(-1, self.n_tokens)
 
 
-def group_tree(sequences: np.ndarray, weights: np.ndarray, start: int, groups: Sequence[Sequence[int]],
-               exact_groups: Sequence[int], budget: int) -> DraftTree:
+def group_tree(
+    sequences: np.ndarray,
+    weights: np.ndarray,
+    start: int,
+    groups: Sequence[Sequence[int]],
+    exact_groups: Sequence[int],
+    budget: int,
+) -> DraftTree:
     """Sequence-wise group tree over `sequences` [M, n] (best first) for positions start..n-1.
 
     A node is one distinct value of one group (deduplicated: equal values vote with their
@@ -145,8 +150,9 @@ def group_tree(sequences: np.ndarray, weights: np.ndarray, start: int, groups: S
         if level == len(segments):
             return
         for value, members, share in options(level, support) if level in exact else free[level]:
-            heapq.heappush(heap, (not (on_best and members[0] == 0), -prob * share, next(order), level, value,
-                                  members, node))
+            heapq.heappush(
+                heap, (not (on_best and members[0] == 0), -prob * share, next(order), level, value, members, node)
+            )
 
     push_children(0, everyone, 1.0, -1, True)
     while heap and len(tokens) < budget:
@@ -202,12 +208,20 @@ class RetrievalProposer(Proposer):
     `begin_step`, before the prefill, and the step's first proposal reuses it).
     """
 
-    def __init__(self, datastore: Datastore, config: RetrievalConfig, fallback: Proposer | None = None, *,
-                 vocab: ActionVocab, verify_skip: VerifySkip | None = None,
-                 prefill_skip: PrefillSkip | None = None) -> None:
+    def __init__(
+        self,
+        datastore: Datastore,
+        config: RetrievalConfig,
+        fallback: Proposer | None = None,
+        *,
+        vocab: ActionVocab,
+        verify_skip: VerifySkip | None = None,
+        prefill_skip: PrefillSkip | None = None,
+    ) -> None:
         if config.n_tokens != datastore.manifest["n_tokens"]:
-            raise ValueError(f"groups cover {config.n_tokens} tokens, datastore entries hold "
-                             f"{datastore.manifest['n_tokens']}")
+            raise ValueError(
+                f"groups cover {config.n_tokens} tokens, datastore entries hold {datastore.manifest['n_tokens']}"
+            )
         self.datastore, self.config, self.fallback = datastore, config, fallback
         self.vocab, self.verify_skip, self.prefill_skip = vocab, verify_skip, prefill_skip
         self._bound = config.token_bounds()
@@ -325,8 +339,9 @@ class RetrievalProposer(Proposer):
 
     def _tree(self, state: DecodeState, sequences: np.ndarray) -> Proposal | None:
         weights = self.config.rank_decay ** np.arange(len(sequences), dtype=np.float64)
-        tree = group_tree(sequences, weights, state.position, self.config.groups, self.config.exact_groups,
-                          self.config.node_budget)
+        tree = group_tree(
+            sequences, weights, state.position, self.config.groups, self.config.exact_groups, self.config.node_budget
+        )
         return Proposal(tree) if len(tree) else None
 
     def _agreeing(self, sequences: np.ndarray, emitted: Sequence[int]) -> np.ndarray:
@@ -338,5 +353,7 @@ class RetrievalProposer(Proposer):
                 ok &= sequences[:, p] == tok
                 continue
             column = sequences[:, p].astype(np.int64)
-            ok &= self.vocab.is_action(column) & (np.abs(self.vocab.bin(column) - self.vocab.bin(tok)) <= self._bound[p])
+            ok &= self.vocab.is_action(column) & (
+                np.abs(self.vocab.bin(column) - self.vocab.bin(tok)) <= self._bound[p]
+            )
         return ok

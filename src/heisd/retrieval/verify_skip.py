@@ -51,8 +51,9 @@ class AdaptiveThreshold:
 
     extras_key = ""
 
-    def __init__(self, theta: float, eta: float = 0.01, theta_floor: float = 0.5, *,
-                 source: dict | None = None) -> None:
+    def __init__(
+        self, theta: float, eta: float = 0.01, theta_floor: float = 0.5, *, source: dict | None = None
+    ) -> None:
         if not eta > 0 or not 0.0 <= theta_floor <= 1.0:
             raise ValueError(f"need eta > 0 and theta_floor in [0, 1], got {eta}, {theta_floor}")
         self.theta, self.eta, self.theta_floor = float(theta), float(eta), float(theta_floor)
@@ -92,8 +93,9 @@ class AdaptiveThreshold:
 class VerifySkip(AdaptiveThreshold):
     extras_key = EXTRAS_KEY
 
-    def proposal(self, state: DecodeState, stored_hidden: np.ndarray, sequence: Sequence[int],
-                 vocab: ActionVocab) -> Proposal | None:
+    def proposal(
+        self, state: DecodeState, stored_hidden: np.ndarray, sequence: Sequence[int], vocab: ActionVocab
+    ) -> Proposal | None:
         """The rest of `sequence` as a skip-verify chain, or None when it must be verified."""
         s = self.last_similarity = cosine(state.prefill_hidden, stored_hidden)
         tokens = [int(t) for t in sequence]

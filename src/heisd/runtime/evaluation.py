@@ -10,7 +10,7 @@ of the folder while one runs. MuJoCo's warnings go to `mujoco.log` in the folder
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +23,8 @@ from heisd.runtime.metrics import episode_steps, summarize
 from heisd.runtime.policy import VLAPolicy
 from heisd.runtime.runinfo import EVAL_RUN, check_run
 from heisd.storage import append_text, directory_lock, refuse_foreign, strict_json, write_json, write_text
+
+log = logging.getLogger(__name__)
 
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -59,7 +61,7 @@ def read_episodes(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             if i != len(lines) - 1:
                 raise InputError(f"{path}:{i + 1}: corrupt episode line (not the last one; refusing to guess)")
-            print(f"{path}: dropping a truncated last line; that episode reruns", file=sys.stderr)
+            log.warning("%s: dropping a truncated last line; that episode reruns", path)
             write_text(path, "".join(line_ + "\n" for line_ in lines[:-1]))
     return out
 

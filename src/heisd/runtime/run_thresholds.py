@@ -9,11 +9,13 @@ merges the run's change relative to them (`heisd.retrieval.online`), once per ru
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from pathlib import Path
 from typing import Sequence
 
 from heisd.storage import write_json
+
+log = logging.getLogger(__name__)
 
 THRESHOLDS_FILE = "thresholds.json"
 LINE_KEY = "thresholds"  # in an episode line: {extras key: AdaptiveThreshold.state()} after the episode
@@ -52,5 +54,5 @@ def persist(out: Path, skips: Sequence, datastore) -> dict:
         write_json(path, state)
         what = ", ".join(f"{k} theta {r['theta']:.4f} ({r['online_updates']} updates)"
                          for k, r in state["persisted"].items())
-        print(f"stored online thresholds in {datastore.root}: {what}", file=sys.stderr)
+        log.info("stored online thresholds in %s: %s", datastore.root, what)
     return state["persisted"]
