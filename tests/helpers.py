@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from heisd.benchmarks.mw import STATE_DIM, TASKS
-from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
+from heisd.targets.vla import VLA, NormStats, TextTokenizer, VLAConfig
 
 TINY = {"hidden_size": 32, "n_layers": 1, "n_heads": 4, "intermediate_size": 64, "image_size": 16,
         "vision_channels": (8, 16), "max_positions": 64}

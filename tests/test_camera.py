@@ -9,7 +9,7 @@ from helpers import write_demo_file
 
 from heisd.commands.common import camera_of
 from heisd.errors import InputError, UsageError
-from heisd.vla.train import demo_camera
+from heisd.targets.vla.train import demo_camera
 
 
 def _with_camera(path, camera):

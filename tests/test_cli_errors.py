@@ -136,7 +136,7 @@ def test_a_real_process_exits_with_the_code(files) -> None:
 
 
 def test_a_multi_line_message_is_printed_on_one_line() -> None:
-    from heisd.cli import _one_line
+    from heisd.commands.runner import _one_line
     from heisd.errors import InputError
 
     assert _one_line(InputError("demos.hdf5: cannot read\n  (truncated chunk)")) == \
@@ -145,7 +145,7 @@ def test_a_multi_line_message_is_printed_on_one_line() -> None:
 
 
 def test_target_defaults_to_the_benchmarks_shipped_one():
-    from heisd.cli import build_parser
+    from heisd.commands.runner import build_parser
     from heisd.commands.common import shipped_target
 
     parser, _ = build_parser("eval")

@@ -11,10 +11,10 @@ from heisd.data.dataset import DemoFile
 from heisd.data.demos import DemoConfig, episode_seed, generate_demos, record_episode
 from heisd.errors import ConfigError, InputError, OutputError
 from heisd.runtime.evaluation import EVAL_SEED_OFFSET
-from heisd.vla import CheckpointError, VLA
-from heisd.vla.dagger import LOG_FILE, DaggerConfig, run_dagger
-from heisd.vla.frames import read_episodes
-from heisd.vla.train import TrainConfig, train, trained_camera
+from heisd.targets.vla import CheckpointError, VLA
+from heisd.runtime.dagger import LOG_FILE, DaggerConfig, run_dagger
+from heisd.targets.vla.frames import read_episodes
+from heisd.targets.vla.train import TrainConfig, train, trained_camera
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from heisd.drafter.model import additive_mask
 from heisd.decoding.rollout import Features, greedy_rollout
 from heisd.data.dataset import DemoFile
 from heisd.drafter.train import DrafterTrainConfig, drafter_loss, fit, successful_episodes, target_features
-from heisd.vla import VLA, NormStats, TextTokenizer, VLAConfig
+from heisd.targets.vla import VLA, NormStats, TextTokenizer, VLAConfig
 
 torch.set_num_threads(1)
 

@@ -17,9 +17,9 @@ from heisd.retrieval import Datastore, build_datastore
 from heisd.runtime.evaluation import EvalConfig, evaluate, run_episode
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.policy import VLAPolicy
-from heisd.vla import VLA, NormStats, VLAConfig
-from heisd.vla.checkpoint import CheckpointError
-from heisd.vla.frames import read_episodes
+from heisd.targets.vla import VLA, NormStats, VLAConfig
+from heisd.targets.vla.checkpoint import CheckpointError
+from heisd.targets.vla.frames import read_episodes
 
 
 def demos_with(path: Path, edit) -> Path:

@@ -41,8 +41,8 @@ def _record(tmp_path: Path, cfg: DemoConfig, successes: list[bool], monkeypatch)
 
 
 def test_dagger_rollouts_keep_failed_episodes_marked_in_libero_layout(tmp_path, monkeypatch):
-    from heisd.vla.dagger import demo_seeds
-    from heisd.vla.frames import read_episodes
+    from heisd.runtime.dagger import demo_seeds
+    from heisd.targets.vla.frames import read_episodes
 
     cfg = DemoConfig((TASK,), 2, seed=7, policy=str(CHECKPOINTS / "libero_object" / "vla"), expert_labels=True,
                      benchmark="libero_object")  # LIBERO takes the target's rollouts now
@@ -63,7 +63,7 @@ def test_an_expert_files_failed_episodes_stay_out(tmp_path, monkeypatch):
 
 
 def test_dagger_round_files_on_libero(tmp_path):
-    from heisd.vla.dagger import DaggerConfig, rollout_files
+    from heisd.runtime.dagger import DaggerConfig, rollout_files
 
     tasks = (TASK, "pick_up_the_milk_and_place_it_in_the_basket")
     libero = DaggerConfig(init="x", demos=(), tasks=tasks, benchmark="libero_object")

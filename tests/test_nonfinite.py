@@ -21,8 +21,8 @@ from heisd.errors import NonFiniteError
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.policy import VLAPolicy
 from heisd.targets.openvla import load_openvla
-from heisd.vla import VLA
-from heisd.vla.checkpoint import CheckpointError
+from heisd.targets.vla import VLA
+from heisd.targets.vla.checkpoint import CheckpointError
 
 REACH = TASKS["reach-v3"].instruction
 UP_PROJ = "llm.model.layers.0.mlp.up_proj.weight"

@@ -20,7 +20,7 @@ from heisd.targets.openvla.preprocess import ImagePreprocessor
 from heisd.targets.openvla.prompt import PromptEncoder
 from heisd.targets.openvla.standin_tokenizer import save_standin_tokenizer
 from heisd.targets.openvla.synthetic import config_dict, preprocessor_dict
-from heisd.vla import VLA, CheckpointError
+from heisd.targets.vla import VLA, CheckpointError
 
 
 def frames(n: int, h: int = 224, w: int = 224, seed: int = 0) -> torch.Tensor:

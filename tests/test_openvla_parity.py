@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from heisd.decoding import DecodeConfig, DecodeState, DraftTree, ExactAcceptance, Proposal, Proposer
 from heisd.decoding import SpeculativeDecoder, Verifier
-from heisd.drafter.proposer import DrafterProposer, TreeConfig
+from heisd.drafter import DrafterProposer, TreeConfig
 from heisd.profiling import random_drafter
 
 INSTRUCTIONS = ("pick up the black bowl", "open the middle drawer of the cabinet", "turn on the stove")

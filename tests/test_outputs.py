@@ -19,7 +19,7 @@ from heisd.retrieval.manifest import DATASTORE
 from heisd.runtime.bench import BENCH_RUN
 from heisd.runtime.replay import REPLAY_RUN
 from heisd.runtime.runinfo import EVAL_RUN
-from heisd.vla.train import TRAINING_RUN
+from heisd.targets.vla.train import TRAINING_RUN
 
 
 def siblings(path: Path) -> list[str]:
@@ -76,7 +76,7 @@ def test_train_vla_overwrite_starts_afresh_and_keeps_foreign_files(tmp_path, cap
     assert [json.loads(x)["step"] for x in (out / "train_log.jsonl").read_text().splitlines()] == [2]
     assert (out / "notes.txt").read_text() == "my notes on this run"
     # the old run goes when the new one starts: one interrupted before its first save leaves no mix
-    from heisd.vla import train as train_module
+    from heisd.targets.vla import train as train_module
 
     def interrupted(*args) -> None:
         raise KeyboardInterrupt

@@ -24,8 +24,8 @@ from heisd.decoding import DecodeConfig, SpeculativeDecoder, Verifier
 from heisd.kinematics import KinematicConfig, KinematicStats
 from heisd.retrieval import DatastoreError
 from heisd.retrieval.build import KINEMATIC_STATS_KEY, demo_tokens, encode_frames, open_datastore
-from heisd.vla import VLA
-from heisd.vla.frames import chunk_targets
+from heisd.targets.vla import VLA
+from heisd.targets.vla.frames import chunk_targets
 
 torch.set_num_threads(1)
 faiss.omp_set_num_threads(1)

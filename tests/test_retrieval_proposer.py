@@ -19,7 +19,8 @@ from heisd.data.dataset import DemoFile
 from heisd.decoding import ActionVocab, DecodeConfig, DecodeState, Proposal, Proposer, SpeculativeDecoder, Verifier
 from heisd.retrieval import Datastore, DatastoreWriter
 from heisd.retrieval.build import encode_frames, open_datastore
-from heisd.retrieval.proposer import RetrievalConfig, RetrievalProposer, action_groups, group_tree
+from heisd.retrieval.config import RetrievalConfig, action_groups
+from heisd.retrieval.proposer import RetrievalProposer, group_tree
 from heisd.retrieval.verify_skip import NEVER_SKIP, PrefillSkip, VerifySkip
 
 torch.set_num_threads(1)

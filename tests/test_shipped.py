@@ -11,8 +11,8 @@ from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
 from heisd.drafter import Drafter, DrafterTarget
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.policy import VLAPolicy
-from heisd.vla import VLA
-from heisd.vla.train import trained_camera
+from heisd.targets.vla import VLA
+from heisd.targets.vla.train import trained_camera
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 

@@ -13,7 +13,7 @@ pytest.importorskip("libero", reason="the libero extra is not installed (pip ins
 from heisd.drafter import Drafter, DrafterTarget  # noqa: E402
 from heisd.runtime.methods import MethodConfig, build_decoders  # noqa: E402
 from heisd.runtime.policy import VLAPolicy  # noqa: E402
-from heisd.vla import VLA  # noqa: E402
+from heisd.targets.vla import VLA  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "libero_object"
 TASK = "pick_up_the_cream_cheese_and_place_it_in_the_basket"

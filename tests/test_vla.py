@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from heisd.vla import VLA, ActionTokenizer, CheckpointError, NormStats, TextTokenizer, VLAConfig
-from heisd.vla.frames import Frames, chunk_targets
-from heisd.vla.vision import random_shift, resize_images
+from heisd.targets.vla import VLA, ActionTokenizer, CheckpointError, NormStats, TextTokenizer, VLAConfig
+from heisd.targets.vla.frames import Frames, chunk_targets
+from heisd.targets.vla.vision import random_shift, resize_images
 
 INSTRUCTIONS = ["move left", "move right and open the gripper"]
 TINY = {"hidden_size": 32, "n_layers": 1, "intermediate_size": 64, "image_size": 16,
@@ -244,7 +244,7 @@ def test_training_lowers_loss_and_resume_continues_exactly(tmp_path, capsys):
     assert "benchmark 'mw', not 'libero'" in capsys.readouterr().err
 
     # a run killed right after its step-20 checkpoint, with a log line written after it
-    from heisd.vla import train as train_module
+    from heisd.targets.vla import train as train_module
 
     save = train_module._save
 

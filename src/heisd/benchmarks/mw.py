@@ -23,6 +23,7 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
+from heisd.benchmarks.cameras import DEFAULT_CAMERA
 from heisd.errors import InputError, UsageError
 
 
@@ -49,10 +50,6 @@ TASKS: dict[str, TaskSpec] = {
 
 ACTION_DIM = 4  # dx dy dz grip, each in [-1, 1]
 STATE_DIM = 7  # ee xyz, gripper opening, goal xyz
-# `corner` sees the puck apart from the arm; in `corner3` the arm can hide it in the first frames
-# when it lies left of the gripper (BENCHMARKS 1.1)
-DEFAULT_CAMERA = "corner"
-UNRECORDED_CAMERA = "corner3"  # what heisd recorded with before checkpoints recorded their camera
 
 
 @dataclass(frozen=True)

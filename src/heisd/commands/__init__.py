@@ -1,1 +1,1 @@
-"""Subcommands of the `heisd` command line (see heisd.cli)."""
+"""Subcommands of the `heisd` command line: one module each, dispatched by `heisd.commands.runner`."""

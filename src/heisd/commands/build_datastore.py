@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
+LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
 HELP = "Build the retrieval datastore (keys, own/demonstrator tokens, hidden states) for a target (heisd VLA or OpenVLA)."
 
 

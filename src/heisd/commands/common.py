@@ -184,9 +184,9 @@ def add_camera_argument(p: argparse.ArgumentParser) -> None:
 
 def camera_of(args: argparse.Namespace) -> str:
     """The mw camera a closed-loop run shows the target: a target sees the camera it was trained on."""
-    from heisd.benchmarks.mw import UNRECORDED_CAMERA
+    from heisd.benchmarks.cameras import UNRECORDED_CAMERA
     from heisd.errors import UsageError
-    from heisd.vla.train import trained_camera
+    from heisd.targets.vla.train import trained_camera
 
     trained = trained_camera(args.target) if args.target else None
     if args.camera is not None and trained is not None and args.camera != trained:
@@ -200,7 +200,7 @@ def check_demos_camera(target: str, demos) -> None:
     must show the camera it was trained on: another view gives keys it never meets in closed loop."""
     from heisd.data.dataset import recorded_settings
     from heisd.errors import InputError
-    from heisd.vla.train import trained_camera
+    from heisd.targets.vla.train import trained_camera
 
     trained = trained_camera(target)
     if trained is None:

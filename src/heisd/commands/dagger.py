@@ -12,7 +12,7 @@ HELP = ("Improve the target with DAgger: roll it out, label the states it visits
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.benchmarks.libero_experts import EXPERT_SUITES
     from heisd.runtime.methods import default_of
-    from heisd.vla.dagger import DaggerConfig
+    from heisd.runtime.dagger import DaggerConfig
 
     d = lambda name: default_of(DaggerConfig, name)  # noqa: E731
     p.add_argument("--benchmark", default=d("benchmark"), choices=("mw", *EXPERT_SUITES),
@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from heisd.benchmarks.registry import resolve_tasks
-    from heisd.vla.dagger import DaggerConfig, run_dagger
+    from heisd.runtime.dagger import DaggerConfig, run_dagger
 
     cfg = DaggerConfig(init=str(args.init), demos=tuple(str(p) for p in args.demos),
                        tasks=resolve_tasks(args.benchmark, args.tasks), rounds=args.rounds, episodes=args.episodes,

@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     import shlex
     from pathlib import Path
 
-    from heisd.cli import main as heisd
+    from heisd.commands.runner import main as heisd
     from heisd.errors import InputError
 
     for path in (args.target, args.drafter):

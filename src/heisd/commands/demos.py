@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
+LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
 HELP = ("Record demonstrations as HDF5: scripted experts (mw; libero_object in LIBERO's own layout; successful "
         "episodes only), or the target's own closed-loop rollouts (--policy DIR, every episode) for a "
         "self-datastore or, with --expert-labels, DAgger.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.benchmarks.mw import DEFAULT_CAMERA
+    from heisd.benchmarks.cameras import DEFAULT_CAMERA
     from heisd.benchmarks.registry import BENCHMARKS
 
     p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,

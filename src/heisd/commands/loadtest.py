@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
+LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
 HELP = ("Load-test a running `heisd serve` on loopback: throughput, p50/p99 latency, queueing, errors, "
         "session mix-ups, and the server's overhead over in-process decoding.")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from heisd.storage import OutputKind, check_output, recorded_path, write_json
 from heisd.storage.guard import json_file_with
 
-LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
+LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
 HELP = "Measure the per-piece cost of a target (or a random OpenVLA-7B) on this device."
 PROFILE = OutputKind("profile", json_file_with("target", "device", "versions"))
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from heisd.drafter.model import DrafterError
     from heisd.profiling import ProfileConfig, format_table, profile_target
     from heisd.retrieval.manifest import DatastoreError
-    from heisd.vla import CheckpointError
+    from heisd.targets.vla import CheckpointError
 
     check_output(args.out, PROFILE, args.overwrite)
     torch.set_num_threads(args.threads)

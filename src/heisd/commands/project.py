@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
+LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
 HELP = ("Project a bench run's latencies and speedups onto the device of a `heisd profile` JSON "
         "(labelled a projection; compare with the run's measured numbers on the machine that ran it).")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-LOCKS_OUT = True  # --out has one writer at a time (see heisd.cli)
+LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
 HELP = "Write a tiny random OpenVLA checkpoint (real config keys, key names, sharding and tokenizer layout)."
 
 

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     from heisd.commands.common import torch_device
     from heisd.errors import UsageError
-    from heisd.vla.train import TrainConfig, train
+    from heisd.targets.vla.train import TrainConfig, train
 
     if args.resume and args.overwrite:
         raise UsageError("--resume continues the run in --out, --overwrite replaces it: pass one of them")

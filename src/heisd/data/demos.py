@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from heisd import __version__
-from heisd.benchmarks.mw import DEFAULT_CAMERA
+from heisd.benchmarks.cameras import DEFAULT_CAMERA
 from heisd.storage import OutputKind, atomic_file, check_output
 from heisd.storage.guard import hdf5_with_attr
 from heisd.storage.hdf5 import HDF5Output

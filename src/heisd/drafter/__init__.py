@@ -1,6 +1,10 @@
 """The EAGLE-style draft model of the SpecVLA baseline, its tree proposer and its training."""
 
-from heisd.drafter.model import Drafter, DrafterConfig, DrafterError, DrafterTarget
-from heisd.drafter.proposer import DrafterProposer, TreeConfig
+from heisd.lazy import lazy_exports
 
-__all__ = ["Drafter", "DrafterConfig", "DrafterError", "DrafterProposer", "DrafterTarget", "TreeConfig"]
+_EXPORTS = {
+    "Drafter": "model", "DrafterConfig": "model", "DrafterError": "model", "DrafterTarget": "model",
+    "DrafterProposer": "proposer", "TreeConfig": "config",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

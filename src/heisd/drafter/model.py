@@ -32,7 +32,7 @@ from heisd.config_types import check_types
 from heisd.decoding.vocab import ActionVocab
 from heisd.errors import HeisdError
 from heisd.targets.base import Target
-from heisd.vla.checkpoint import check_finite
+from heisd.targets.vla.checkpoint import check_finite
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

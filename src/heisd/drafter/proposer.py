@@ -21,19 +21,8 @@ from transformers import DynamicCache
 
 from heisd.decoding import DecodeState, DraftTree, Outcome, Proposal, Proposer
 from heisd.decoding.cost_rule import CostChoice, OptionCosts
+from heisd.drafter.config import TreeConfig
 from heisd.drafter.model import Drafter, additive_mask
-
-
-@dataclass(frozen=True)
-class TreeConfig:
-    topk: int = 4  # children per expanded node, and frontier width
-    depth: int = 3  # draft tokens along the deepest path (one drafter pass per level)
-    budget: int = 8  # nodes in the final tree
-
-    def __post_init__(self) -> None:
-        for name in ("topk", "depth", "budget"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TreeConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass

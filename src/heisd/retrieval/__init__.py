@@ -2,34 +2,18 @@
 (§2.2), retrieval drafts as a sequence-wise group tree (§2.3), adaptive verify-skip (§2.5) and
 prefill skip (§2.6)."""
 
-from heisd.retrieval.build import BuildConfig, build_datastore, open_datastore
-from heisd.retrieval.datastore import Datastore, DatastoreWriter, RetrievalResult
-from heisd.retrieval.entries import GLOBAL_COLLECTION
-from heisd.retrieval.index import IndexConfig, benchmark_index
-from heisd.retrieval.manifest import FORMAT_VERSION, DatastoreError
-from heisd.retrieval.proposer import RetrievalConfig, RetrievalProposer, RetrievalStepStats, action_groups, group_tree
-from heisd.retrieval.verify_skip import NEVER_SKIP, PrefillSkip, VerifySkip, calibrate_theta, draft_passes
+from heisd.lazy import lazy_exports
 
-__all__ = [
-    "BuildConfig",
-    "Datastore",
-    "DatastoreError",
-    "DatastoreWriter",
-    "FORMAT_VERSION",
-    "GLOBAL_COLLECTION",
-    "IndexConfig",
-    "NEVER_SKIP",
-    "RetrievalConfig",
-    "RetrievalProposer",
-    "RetrievalResult",
-    "PrefillSkip",
-    "RetrievalStepStats",
-    "VerifySkip",
-    "action_groups",
-    "benchmark_index",
-    "build_datastore",
-    "calibrate_theta",
-    "draft_passes",
-    "group_tree",
-    "open_datastore",
-]
+_EXPORTS = {
+    "BuildConfig": "build", "build_datastore": "build", "open_datastore": "build",
+    "Datastore": "datastore", "DatastoreWriter": "datastore", "RetrievalResult": "datastore",
+    "GLOBAL_COLLECTION": "entries",
+    "IndexConfig": "index", "benchmark_index": "index",
+    "FORMAT_VERSION": "manifest", "DatastoreError": "manifest",
+    "RetrievalConfig": "config", "action_groups": "config",
+    "RetrievalProposer": "proposer", "RetrievalStepStats": "proposer", "group_tree": "proposer",
+    "NEVER_SKIP": "verify_skip", "PrefillSkip": "verify_skip", "VerifySkip": "verify_skip",
+    "calibrate_theta": "verify_skip", "draft_passes": "verify_skip",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -31,7 +31,7 @@ from heisd.retrieval.manifest import DATASTORE, read_manifest, sha256_file
 from heisd.storage import check_output, recorded_path
 from heisd.targets.base import Target
 from heisd.targets.rollout import rollout_frames
-from heisd.vla.frames import chunk_targets
+from heisd.targets.vla.frames import chunk_targets
 
 KINEMATIC_STATS_KEY = "kinematic_stats"  # extras: KinematicStats.to_dict() over the demonstrations
 LAYOUT_KEY = "action_layout"  # extras: action_dim, chunk, vocab_size, n_bins of the target

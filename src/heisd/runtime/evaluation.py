@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from heisd.benchmarks.mw import DEFAULT_CAMERA
+from heisd.benchmarks.cameras import DEFAULT_CAMERA
 from heisd.data.demos import EVAL_SEED_OFFSET
 from heisd.errors import ConfigError, InputError
 from heisd.runtime import run_thresholds

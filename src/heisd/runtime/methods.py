@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from heisd.drafter.proposer import TreeConfig
-from heisd.retrieval.proposer import RetrievalConfig
+from heisd.drafter.config import TreeConfig
+from heisd.retrieval.config import RetrievalConfig
 
 if TYPE_CHECKING:
     from heisd.decoding import SpeculativeDecoder

@@ -4,7 +4,7 @@ A target turns an observation (camera frames, instruction, optional propriocepti
 prefix embeddings for a `transformers` causal LM and reads action tokens back. The decode
 loop only needs `llm` (for the `Verifier`) and `spec`; the policy, the datastore and
 drafter builders, calibration and replay need the rest. The small CNN VLA
-(`heisd.vla.VLA`) and OpenVLA (`heisd.targets.openvla.OpenVLA`) both implement it, so the
+(`heisd.targets.vla.VLA`) and OpenVLA (`heisd.targets.openvla.OpenVLA`) both implement it, so the
 difference between them lives in the two classes and nowhere else.
 """
 
@@ -57,7 +57,7 @@ class TeacherForced:
 
 
 class ActionCodec(Protocol):
-    """Action tokens <-> actions in the units the robot executes (see `heisd.vla.ActionTokenizer`)."""
+    """Action tokens <-> actions in the units the robot executes (see `heisd.targets.vla.ActionTokenizer`)."""
 
     def encode(self, actions: np.ndarray) -> np.ndarray: ...  # [..., action_dim] -> token ids
 

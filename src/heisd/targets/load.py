@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from heisd.targets.base import Target
-from heisd.vla.checkpoint import CheckpointError, read_json
+from heisd.targets.vla.checkpoint import CheckpointError, read_json
 
 OPENVLA = "openvla"  # config.json `model_type` of OpenVLA checkpoints
 SMALL_VLA = "heisd-vla"  # our own checkpoints (config.json without `model_type`)
@@ -38,7 +38,7 @@ def load_target(directory: str | Path, device: str | torch.device = "cpu", dtype
     if unnorm_key is not None:
         raise CheckpointError(f"{directory} is a heisd VLA checkpoint: it has one set of action statistics, "
                               f"--unnorm-key applies to OpenVLA checkpoints only")
-    from heisd.vla.model import VLA
+    from heisd.targets.vla.model import VLA
 
     vla = VLA.from_pretrained(directory)
     vla.pin_fingerprint()  # the stored weights' identity, in whatever dtype they run

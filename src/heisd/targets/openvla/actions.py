@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heisd.vla.action_tokenizer import ActionTokenizer
+from heisd.targets.vla.action_tokenizer import ActionTokenizer
 
 _EPS = 1e-8  # OpenVLA's data pipeline guard against q99 == q01 (encoding only, as there)
 

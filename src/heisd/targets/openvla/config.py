@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from heisd.targets.base import resolve_unnorm_key
-from heisd.vla.checkpoint import CheckpointError
-from heisd.vla.checkpoint import read_json as read_checkpoint_json  # one JSON reader for every checkpoint kind
+from heisd.targets.vla.checkpoint import CheckpointError
+from heisd.targets.vla.checkpoint import read_json as read_checkpoint_json  # one JSON reader for every checkpoint kind
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"

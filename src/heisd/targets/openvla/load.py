@@ -18,7 +18,7 @@ from heisd.targets.openvla.preprocess import ImagePreprocessor
 from heisd.targets.openvla.prompt import PromptEncoder
 from heisd.targets.openvla.vit import unused_shapes
 from heisd.targets.openvla.weights import check_keys, load_tensors, read_headers, to_file_key, weight_files
-from heisd.vla.checkpoint import CheckpointError
+from heisd.targets.vla.checkpoint import CheckpointError
 
 ATTENTION = "sdpa"  # LLM attention kernel (takes the verifier's additive float tree masks)
 # tokenizer files hashed into the fingerprint when present (the prompt ids depend on them)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from heisd.vla.checkpoint import CheckpointError
+from heisd.targets.vla.checkpoint import CheckpointError
 
 # timm's interpolation names -> PIL filters (the ints torchvision's tvf params store)
 PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS,

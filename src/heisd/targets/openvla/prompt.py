@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
-from heisd.vla.checkpoint import CheckpointError
+from heisd.targets.vla.checkpoint import CheckpointError
 
 PROMPT_TEMPLATE = "In: What action should the robot take to {instruction}?\nOut:"  # OpenVLA's, verbatim
 EMPTY_PIECE = "\u2581"  # SentencePiece's "▁"

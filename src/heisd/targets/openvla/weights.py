@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from heisd.vla.checkpoint import CheckpointError, check_finite, nonfinite_count
+from heisd.targets.vla.checkpoint import CheckpointError, check_finite, nonfinite_count
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -118,10 +118,10 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
     """Round r: roll out `actor`, label, fine-tune it on everything so far; return the new checkpoint."""
     import torch
 
-    from heisd.benchmarks.mw import DEFAULT_CAMERA, UNRECORDED_CAMERA
+    from heisd.benchmarks.cameras import DEFAULT_CAMERA, UNRECORDED_CAMERA
     from heisd.benchmarks.registry import is_libero
     from heisd.data.demos import DemoConfig, generate_demos
-    from heisd.vla.train import TRAIN_STATE_FILE, TrainConfig, demo_camera, read_train_info, train, trained_camera
+    from heisd.targets.vla.train import TRAIN_STATE_FILE, TrainConfig, demo_camera, read_train_info, train, trained_camera
 
     folder = out / f"round_{r}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -199,7 +199,7 @@ def _check_init(cfg: DaggerConfig) -> None:
 
 
 def _chunk(checkpoint: Path) -> int:
-    from heisd.vla.checkpoint import CONFIG_FILE as VLA_CONFIG, read_json
+    from heisd.targets.vla.checkpoint import CONFIG_FILE as VLA_CONFIG, read_json
 
     return int(read_json(checkpoint / VLA_CONFIG, missing=f"{checkpoint}: not a VLA checkpoint (no {VLA_CONFIG})")["chunk"])
 

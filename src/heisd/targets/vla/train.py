@@ -23,10 +23,10 @@ from heisd.errors import InputError, UsageError
 from heisd.storage import (OutputKind, append_text, atomic_file, check_output, clear_output, directory_lock,
                            recorded_command, recorded_path, strict_json, write_json, write_text)
 from heisd.storage.guard import has_file, json_with
-from heisd.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
-from heisd.vla.frames import EpochSampler, Frames, build_frames, read_episodes
-from heisd.vla.model import VLA, NormStats, VLAConfig
-from heisd.vla.text_tokenizer import TextTokenizer
+from heisd.targets.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
+from heisd.targets.vla.frames import EpochSampler, Frames, build_frames, read_episodes
+from heisd.targets.vla.model import VLA, NormStats, VLAConfig
+from heisd.targets.vla.text_tokenizer import TextTokenizer
 
 TRAIN_STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"

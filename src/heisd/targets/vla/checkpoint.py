@@ -20,10 +20,10 @@ from safetensors.torch import load_file, save_file
 
 from heisd.errors import HeisdError
 from heisd.storage import atomic_files
-from heisd.vla.text_tokenizer import TextTokenizer
+from heisd.targets.vla.text_tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
-    from heisd.vla.model import VLA
+    from heisd.targets.vla.model import VLA
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -119,7 +119,7 @@ def read_json(path: Path, missing: str | None = None) -> dict[str, Any]:
 
 
 def load_vla(directory: Path) -> "VLA":
-    from heisd.vla.model import VLA, NormStats, VLAConfig
+    from heisd.targets.vla.model import VLA, NormStats, VLAConfig
 
     if not directory.is_dir():
         raise CheckpointError(f"no VLA checkpoint directory at {directory}")

@@ -21,9 +21,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from heisd.config_types import check_types
 from heisd.targets.base import TargetSpec, TeacherForced
-from heisd.vla.action_tokenizer import ActionTokenizer
-from heisd.vla.text_tokenizer import TextTokenizer
-from heisd.vla.vision import VisionEncoder
+from heisd.targets.vla.action_tokenizer import ActionTokenizer
+from heisd.targets.vla.text_tokenizer import TextTokenizer
+from heisd.targets.vla.vision import VisionEncoder
 
 
 @dataclass
@@ -230,18 +230,18 @@ class VLA(nn.Module):
 
     # ----- persistence -----
     def save_pretrained(self, directory: str | Path) -> None:
-        from heisd.vla.checkpoint import save_vla
+        from heisd.targets.vla.checkpoint import save_vla
 
         save_vla(self, Path(directory))
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "VLA":
-        from heisd.vla.checkpoint import load_vla
+        from heisd.targets.vla.checkpoint import load_vla
 
         return load_vla(Path(directory))
 
     def fingerprint(self) -> str:
-        from heisd.vla.checkpoint import fingerprint
+        from heisd.targets.vla.checkpoint import fingerprint
 
         return self._pinned_fingerprint or fingerprint(self)
 

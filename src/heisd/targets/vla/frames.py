@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from heisd.data.dataset import DemoFile, DemoFormatError, Episode
-from heisd.vla.action_tokenizer import ActionTokenizer
-from heisd.vla.text_tokenizer import TextTokenizer
-from heisd.vla.vision import resize_images
+from heisd.targets.vla.action_tokenizer import ActionTokenizer
+from heisd.targets.vla.text_tokenizer import TextTokenizer
+from heisd.targets.vla.vision import resize_images
 
 
 @dataclass

@@ -1,9 +1,0 @@
-"""The target VLA: OpenVLA's structure and token conventions at a CPU-trainable size."""
-
-from heisd.vla.action_tokenizer import ActionTokenizer
-from heisd.vla.checkpoint import CheckpointError
-from heisd.vla.model import VLA, NormStats, TeacherForced, VLAConfig
-from heisd.vla.text_tokenizer import PROMPT_TEMPLATE, TextTokenizer, format_prompt
-
-__all__ = ["ActionTokenizer", "CheckpointError", "VLA", "NormStats", "TeacherForced", "VLAConfig",
-           "PROMPT_TEMPLATE", "TextTokenizer", "format_prompt"]
