@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from heisd.decoding import ActionVocab, DecodeState, DraftTree, GroupRelaxedAcceptance, Outcome, Proposal, Proposer
+from heisd.decoding import ActionVocab, DecodeState, DraftTree, Outcome, Proposal, Proposer
 from heisd.decoding.cost_rule import CostChoice
 from heisd.retrieval.config import RetrievalConfig
 from heisd.retrieval.datastore import Datastore, RetrievalResult
 
 if TYPE_CHECKING:
     from heisd.retrieval.verify_skip import PrefillSkip, VerifySkip
+
 
 def group_tree(
     sequences: np.ndarray,
