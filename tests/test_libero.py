@@ -17,7 +17,7 @@ import pytest
 from heisd.benchmarks.libero_protocol import (
     DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, center_crop, openvla_gripper, openvla_image, rotate_180,
 )
-from heisd.benchmarks.registry import BENCHMARKS, reset_options
+from heisd.benchmarks.registry import BENCHMARKS, default_max_steps, reset_options
 from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.errors import InputError, UsageError
 
@@ -30,6 +30,7 @@ OBJECT_TASK = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"  # LIBERO-O
 
 def test_suites_and_max_steps_are_openvlas():
     assert MAX_STEPS == {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520}
+    assert [default_max_steps(b) for b in BENCHMARKS] == [300, 220, 280, 300, 520]  # eval's --max-steps default
     assert NUM_STEPS_WAIT == 10 and DUMMY_ACTION.tolist() == [0, 0, 0, 0, 0, 0, -1]
     assert BENCHMARKS == ("mw", "libero_spatial", "libero_object", "libero_goal", "libero_10")
     assert reset_options("libero_object", 1234, 7) == {"init_state": 7}

@@ -6,8 +6,13 @@ Observation, as in `mw`: ``{"image": uint8 (H, W, 3) upright (agentview rotated 
 (``reset(options={"init_state": i})``), then `NUM_STEPS_WAIT` dummy steps, then at most the
 suite's `MAX_STEPS` policy steps; success is the simulator's `done`.
 
-Only the agentview camera is rendered, and only for the frames a policy reads (the protocol also
-renders a wrist camera nobody reads). `fast_render` turns off shadows and reflections for CPU runs of small targets; keep it off for OpenVLA, which saw rendered shadows.
+Only the agentview camera is rendered (the protocol also renders a wrist camera nobody reads). Under
+the "openvla" protocol the frame is robosuite's camera observation, as OpenVLA's eval reads it
+(`obs["agentview_image"]`): robosuite samples its observables on their own clock, at a physics substep
+before the step's last, so the frame (like `robot0_eef_pos`) lags the end-of-step state a little. The
+"raw" protocol renders the end-of-step state, and only for the frames a policy reads. `fast_render`
+turns off shadows and reflections for CPU runs of small targets; keep it off for OpenVLA, which saw
+rendered shadows.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class LiberoConfig:
     image_size: int = PROTOCOL_RENDER_SIZE  # square agentview frame, pixels (OpenVLA's protocol: 256)
     fast_render: bool = False  # shadows and reflections off (CPU runs of small targets)
     max_steps: int | None = None  # policy steps after the wait steps; None = the suite's protocol value
-    protocol: str = "raw"  # "openvla": frames through `openvla_image`, gripper through `openvla_gripper`
+    protocol: str = "raw"  # "openvla": observed frames through `openvla_image`, gripper through `openvla_gripper`
     crop: bool = False  # openvla protocol: the 0.9-area center crop (checkpoints trained with crop augmentation)
 
     def __post_init__(self) -> None:
@@ -97,7 +102,9 @@ class LiberoEnv(gym.Env):
         })
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.render_mode = "rgb_array"
-        sim = _simulator(suite, task, config.image_size, config.fast_render)
+        # the simulator's cache key: agentview is observed by robosuite under the openvla protocol
+        self._key = (self.suite, task, config.image_size, config.fast_render, config.protocol == "openvla")
+        sim = _simulator(*self._key)
         self._env, self._init_states, self.instruction = sim.env, sim.init_states, sim.instruction
         self.bddl_file = sim.bddl_file  # the task's BDDL file (LIBERO's dataset files name it)
         self.layout: np.ndarray | None = None  # [init state index], or the start state of a fresh layout
@@ -183,13 +190,13 @@ class LiberoEnv(gym.Env):
         self._steps += 1
         success = bool(done)
         truncated = self._steps >= self.max_steps
-        return self._observe(sim_obs, render), float(reward), success, truncated, self._info(sim_obs, success)
+        info = {**self._info(sim_obs, success), "action": action}  # what the simulator received
+        return self._observe(sim_obs, render), float(reward), success, truncated, info
 
     def close(self) -> None:
         """Free the simulator (~0.5 GB) now rather than at exit. It is shared by every `LiberoEnv` of the
         same task, image size and quality in this process: those stop working; a new one builds anew."""
-        key = (self.suite, self.task, self.config.image_size, self.config.fast_render)
-        sim = _SIMULATORS.pop(key, None)
+        sim = _SIMULATORS.pop(self._key, None)
         if sim is not None:
             sim.env.close()
 
@@ -203,9 +210,12 @@ class LiberoEnv(gym.Env):
 
     def _observe(self, sim_obs: dict, render: bool = True) -> dict:
         state = np.concatenate([sim_obs["robot0_eef_pos"], sim_obs["robot0_gripper_qpos"]]).astype(np.float32)
-        image = self.render() if render else None
-        if image is not None and self.config.protocol == "openvla":
-            image = openvla_image(image, self.config.crop)  # JPEG round trip, 224 px, as OpenVLA's eval
+        if not render:
+            image = None
+        elif self.config.protocol == "openvla":  # the frame robosuite observed this step, as OpenVLA's eval reads it
+            image = openvla_image(rotate_180(sim_obs[f"{CAMERA}_image"]), self.config.crop)  # JPEG'd, 224 px
+        else:
+            image = self.render()
         return {"image": image, "state": state}
 
     @staticmethod
@@ -221,20 +231,22 @@ class _Simulator:
     bddl_file: str  # the task's BDDL file inside LIBERO's repository, as LIBERO's datasets name it
 
 
-_SIMULATORS: dict[tuple[str, str, int, bool], _Simulator] = {}  # one per (suite, task, size, quality) per process
+# one per (suite, task, size, quality, observed frames) per process
+_SIMULATORS: dict[tuple[str, str, int, bool, bool], _Simulator] = {}
 
 
-def _simulator(suite: str, task: str, image_size: int, fast_render: bool) -> _Simulator:
-    """Building a LIBERO env takes seconds (XML assembly, model compile): made once, reused, closed at exit."""
-    key = (suite, task, image_size, fast_render)
+def _simulator(suite: str, task: str, image_size: int, fast_render: bool, observed: bool) -> _Simulator:
+    """Building a LIBERO env takes seconds (XML assembly, model compile): made once, reused, closed at exit.
+    `observed`: agentview is one of robosuite's observations, rendered each step (the openvla protocol)."""
+    key = (suite, task, image_size, fast_render, observed)
     if key not in _SIMULATORS:
-        _SIMULATORS[key] = _make_simulator(suite, task, image_size, fast_render)
+        _SIMULATORS[key] = _make_simulator(suite, task, image_size, fast_render, observed)
         if len(_SIMULATORS) == 1:
             atexit.register(close_simulators)
     return _SIMULATORS[key]
 
 
-def _make_simulator(suite: str, task: str, image_size: int, fast_render: bool) -> _Simulator:
+def _make_simulator(suite: str, task: str, image_size: int, fast_render: bool, observed: bool) -> _Simulator:
     import mujoco
 
     _, get_libero_path, OffScreenRenderEnv = libero_modules()
@@ -247,7 +259,7 @@ def _make_simulator(suite: str, task: str, image_size: int, fast_render: bool) -
     bddl = os.path.join(get_libero_path("bddl_files"), spec.problem_folder, spec.bddl_file)
     env = OffScreenRenderEnv(
         bddl_file_name=bddl, camera_heights=image_size, camera_widths=image_size,
-        camera_names=[CAMERA], use_camera_obs=False,  # frames are rendered on demand by LiberoEnv.render
+        camera_names=[CAMERA], use_camera_obs=observed,  # else frames are rendered on demand by LiberoEnv.render
         hard_reset=False,  # LiberoEnv.reset refreshes what a hard reset would
     )
     env.seed(0)  # as the protocol

@@ -139,7 +139,8 @@ class MetaWorldEnv(gym.Env):
         self._steps += 1
         success = bool(info["success"])
         truncated = self._steps >= self.config.max_steps
-        return self._observe(sim_obs, render), float(reward), success, truncated, self._info(sim_obs, success)
+        info = {**self._info(sim_obs, success), "action": action}  # what the simulator received
+        return self._observe(sim_obs, render), float(reward), success, truncated, info
 
     def render(self) -> np.ndarray:
         # Each simulator has its own GL context; another env's may be current in this process.

@@ -60,18 +60,33 @@ def resolve_tasks(benchmark: str, names: list[str] | tuple[str, ...]) -> tuple[s
     return mw_tasks(names)
 
 
-def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps: int, protocol: str = "raw"):
-    """One task's environment. LIBERO: agentview at `image_size`; `camera` and `max_steps` are mw's
-    (a LIBERO episode's length is the protocol's, per suite). `protocol` is the target's
-    (`TargetSpec.protocol`): "openvla" renders at the protocol's 256 px and applies OpenVLA's frame
-    and gripper conventions, with shadows (OpenVLA saw them); "raw" (small targets, their demos and
-    their evaluations alike) renders without shadows and reflections, at CPU cost."""
+def default_max_steps(benchmark: str) -> int:
+    """Steps per episode when none are given: mw's environment steps (`MWConfig.max_steps`), or a LIBERO
+    suite's policy steps after the wait steps (OpenVLA's protocol: 220 / 280 / 300 / 520)."""
+    if is_libero(benchmark):
+        from heisd.benchmarks.libero_protocol import MAX_STEPS
+
+        return MAX_STEPS[benchmark]
+    from heisd.benchmarks.mw import MWConfig
+
+    return MWConfig.max_steps
+
+
+def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps: int | None = None,
+             protocol: str = "raw", crop: bool = False):
+    """One task's environment. LIBERO: agentview at `image_size`; `camera` is mw's. `max_steps`: the
+    episode's steps (LIBERO: policy steps after the wait steps); None = `default_max_steps`.
+    `protocol` is the target's (`TargetSpec.protocol`): "openvla" renders at the protocol's 256 px and
+    applies OpenVLA's frame and gripper conventions (`crop`: its 0.9-area center crop), with shadows
+    (OpenVLA saw them); "raw" (small targets, their demos and their evaluations alike) renders without
+    shadows and reflections, at CPU cost."""
+    max_steps = default_max_steps(benchmark) if max_steps is None else max_steps
     if is_libero(benchmark):
         from heisd.benchmarks.libero import PROTOCOL_RENDER_SIZE, LiberoConfig, LiberoEnv
 
         size = PROTOCOL_RENDER_SIZE if protocol == "openvla" else image_size
         return LiberoEnv(benchmark, task, LiberoConfig(image_size=size, fast_render=protocol == "raw",
-                                                       protocol=protocol))
+                                                       max_steps=max_steps, protocol=protocol, crop=crop))
     from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
 
     return MetaWorldEnv(task, MWConfig(image_size, camera, max_steps))

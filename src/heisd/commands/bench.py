@@ -8,14 +8,14 @@ HELP = "Benchmark AR, SpecVLA, retrieval SD, HeiSD and its ablation ladder on id
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.commands.common import add_camera_argument, add_method_arguments
+    from heisd.commands.common import add_camera_argument, add_episode_arguments, add_method_arguments
 
     add_method_arguments(p, method=False)
     add_camera_argument(p)
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
     p.add_argument("--episodes", type=int, default=20, help="episodes per task and method")
     p.add_argument("--seed", type=int, default=0, help="evaluation layout seed (same for every method)")
-    p.add_argument("--max-steps", type=int, default=300, help="environment steps per episode")
+    add_episode_arguments(p)
     p.add_argument("--thresholds", type=float, nargs="*", default=[],
                    help="extra heisd runs at these kinematic thresholds (points on the Pareto plot)")
     p.add_argument("--only", nargs="+", default=None, metavar="LABEL",
@@ -35,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.benchmarks.registry import resolve_tasks
-    from heisd.commands.common import camera_of, check_closed_loop, load_target, method_config
+    from heisd.commands.common import (
+        camera_of, check_closed_loop, closed_loop_unnorm_key, load_target, max_steps_of, method_config,
+    )
     from heisd.runtime.bench import QUICK_TASKS, full_heisd, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig
     from heisd.storage import recorded_command
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         tasks, episodes, max_steps = QUICK_TASKS, 2, 150
     else:
         tasks = resolve_tasks(args.benchmark, args.tasks)
-        episodes, max_steps = args.episodes, args.max_steps
+        episodes, max_steps = args.episodes, max_steps_of(args)
     base = method_config(args, "heisd")
     configs = ladder(base) + [replace(base, switch="threshold", switch_threshold=t) for t in args.thresholds]
     if args.only:
@@ -55,10 +57,11 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise SystemExit(f"--only: no configuration labelled {', '.join(unknown)}; the labels are {', '.join(labels)}")
         configs = [c for c in configs if c.method == "ar" or c.label in args.only]
+    closed_loop_unnorm_key(args)
     target = load_target(args)
     check_closed_loop(args, target)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps, camera=camera_of(args), benchmark=args.benchmark,
-                     protocol=target.spec.protocol)
+                     protocol=target.spec.protocol, center_crop=not args.no_center_crop)
     out = Path(args.out)
     summaries = run_bench(target, configs, cfg, out, persist=full_heisd(base) if args.persist_thresholds else None,
                           target_path=args.target)

@@ -28,7 +28,9 @@ def add_target_arguments(p: argparse.ArgumentParser, default: str | None = None,
                                            if default == SHIPPED else ""))
     p.add_argument("--unnorm-key", default=None,
                    help="OpenVLA: the dataset whose action statistics de-normalize actions (config.json "
-                        "norm_stats; needed when it holds several; KEY falls back to KEY_no_noops)")
+                        "norm_stats, or dataset_statistics.json where present; needed when it holds several, "
+                        "except for eval and bench on a LIBERO suite, which take the suite's as OpenVLA's eval "
+                        "does; KEY falls back to KEY_no_noops)")
     p.add_argument("--device", default="cpu", help="torch device of the target, e.g. cpu or cuda")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the target's weights and activations")
 
@@ -175,6 +177,23 @@ def load_target(args: argparse.Namespace):
     return load(args.target, device, dtype, unnorm_key=args.unnorm_key)
 
 
+def add_episode_arguments(p: argparse.ArgumentParser) -> None:
+    """How a closed-loop episode runs (eval, bench): its length, and OpenVLA's center crop on LIBERO."""
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="steps per episode: mw environment steps (default 300); LIBERO policy steps after the 10 wait "
+                        "steps (default the protocol's 220/280/300/520 per suite; fewer truncate the episode)")
+    p.add_argument("--no-center-crop", action="store_true",
+                   help="OpenVLA target on LIBERO: skip the 0.9-area center crop of the frames (OpenVLA's eval "
+                        "crops by default, for checkpoints fine-tuned with crop augmentation)")
+
+
+def max_steps_of(args: argparse.Namespace) -> int:
+    """--max-steps, or the benchmark's own episode length (`registry.default_max_steps`)."""
+    from heisd.benchmarks.registry import default_max_steps
+
+    return default_max_steps(args.benchmark) if args.max_steps is None else args.max_steps
+
+
 def add_camera_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--camera", default=None,
                    help="mw camera; default: the one the target's demonstrations were recorded with (the "
@@ -217,6 +236,16 @@ def check_closed_loop(args: argparse.Namespace, target) -> None:
     from heisd.benchmarks.registry import check_target
 
     check_target(args.benchmark, target.spec)
+
+
+def closed_loop_unnorm_key(args: argparse.Namespace) -> None:
+    """An OpenVLA target run on a LIBERO suite without --unnorm-key de-normalizes with the suite's
+    statistics, as OpenVLA's eval (run_libero_eval.py) does: `<suite>`, else `<suite>_no_noops`."""
+    from heisd.benchmarks.registry import is_libero
+    from heisd.targets.load import OPENVLA, checkpoint_kind
+
+    if args.unnorm_key is None and is_libero(args.benchmark) and checkpoint_kind(args.target) == OPENVLA:
+        args.unnorm_key = args.benchmark
 
 
 def load_policy(args: argparse.Namespace, cfg):

@@ -9,15 +9,14 @@ HELP = "Closed-loop evaluation of a decoding method (writes summary.json and epi
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.commands.common import add_camera_argument, add_method_arguments
+    from heisd.commands.common import add_camera_argument, add_episode_arguments, add_method_arguments
 
     add_method_arguments(p)
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
     p.add_argument("--episodes", type=int, default=20, help="episodes per task")
     p.add_argument("--seed", type=int, default=0, help="mw: evaluation layout seed (layouts differ from any demo seed); LIBERO episode i "
                         "starts from the suite's init state i")
-    p.add_argument("--max-steps", type=int, default=300, help="mw: environment steps per episode (a LIBERO suite uses the protocol's "
-                        "220/280/300/520 after 10 wait steps)")
+    add_episode_arguments(p)
     add_camera_argument(p)
     p.add_argument("--execute", type=int, default=0, help="actions executed per inference (0 = whole chunk)")
     p.add_argument("--out", required=True,
@@ -34,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.benchmarks.registry import resolve_tasks
-    from heisd.commands.common import camera_of, check_closed_loop, load_policy, method_config
+    from heisd.commands.common import (
+        camera_of, check_closed_loop, closed_loop_unnorm_key, load_policy, max_steps_of, method_config,
+    )
     from heisd.errors import InputError, UsageError
     from heisd.runtime.evaluation import EvalConfig, evaluate
     from heisd.runtime.runinfo import run_identity, server_identity
@@ -54,15 +55,16 @@ def run(args: argparse.Namespace) -> int:
         chunk, protocol = info["target"]["action_shape"][0], "raw"
     else:
         cfg = method_config(args)
+        closed_loop_unnorm_key(args)
         policy, label = load_policy(args, cfg), cfg.label
         check_closed_loop(args, policy.target)
         identity, chunk = run_identity(policy.target.fingerprint(), cfg, args.target), policy.target.spec.chunk
         protocol = policy.target.spec.protocol
     if args.execute > chunk:
         raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
-    summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, args.max_steps, args.execute,
-                                                        camera=camera_of(args), benchmark=args.benchmark,
-                                                        protocol=protocol),
+    summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, max_steps_of(args), args.execute,
+                                                 camera=camera_of(args), benchmark=args.benchmark, protocol=protocol,
+                                                 center_crop=not args.no_center_crop),
                        Path(args.out), identity=identity, persist_thresholds=args.persist_thresholds)
     print(json.dumps(summary, indent=2))
     return 0

@@ -117,7 +117,7 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
 
     libero = is_libero(cfg.benchmark)
     policy = None if cfg.source == "expert" else _target_policy(cfg.policy, cfg.benchmark)
-    env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps)
+    env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, None if libero else cfg.max_steps)
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})

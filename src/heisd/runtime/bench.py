@@ -192,7 +192,9 @@ def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig
             f"{100 * s['per_task'][t]['sr']:.0f}% ({s['per_task'][t]['episodes']})" if t in s["per_task"] else "-"
             for t in per_task) + " |")
     if is_libero(cfg.benchmark):
-        limit = f"{NUM_STEPS_WAIT} wait steps, then at most {MAX_STEPS[cfg.benchmark]} env steps (the suite's protocol)"
+        protocol = MAX_STEPS[cfg.benchmark]
+        limit = f"{NUM_STEPS_WAIT} wait steps, then at most {cfg.max_steps} env steps " + (
+            "(the suite's protocol)" if cfg.max_steps == protocol else f"(the suite's protocol: {protocol})")
     else:
         limit = f"max {cfg.max_steps} env steps"
     text = (

@@ -36,17 +36,25 @@ class EvalConfig:
     tasks: tuple[str, ...]  # task names of the benchmark
     episodes: int  # per task
     seed: int = 0  # layout seed of episode i of task t: episode_seed(EVAL_SEED_OFFSET + seed, t, i)
-    max_steps: int = 300  # environment steps per episode
+    max_steps: int = 300  # steps per episode (LIBERO: policy steps after the wait steps; registry.default_max_steps)
     execute: int = 0  # actions executed per inference (0 = the whole chunk)
     image_size: int = 128  # camera frame, pixels
     camera: str = DEFAULT_CAMERA  # Meta-World camera
     benchmark: str = "mw"  # mw or a LIBERO suite (heisd.benchmarks.registry)
     protocol: str = "raw"  # the target's frame/action convention (TargetSpec.protocol; "openvla" on LIBERO)
+    center_crop: bool = True  # openvla protocol: OpenVLA's 0.9-area center crop (run_libero_eval.py's default)
 
     def __post_init__(self) -> None:
         for name, least in (("episodes", 1), ("max_steps", 1), ("execute", 0), ("seed", 0), ("image_size", 1)):
             if getattr(self, name) < least:
                 raise ConfigError(f"EvalConfig.{name} must be >= {least}, got {getattr(self, name)}")
+
+    def settings(self) -> dict:
+        """What run.json records and a resume must match (the crop only where a protocol applies it)."""
+        settings = asdict(self)
+        if self.protocol != "openvla":
+            del settings["center_crop"]
+        return settings
 
 
 def read_episodes(path: Path) -> list[dict]:
@@ -79,7 +87,7 @@ class EvalRun:
         self._held = ExitStack()
         self._held.enter_context(directory_lock(self.out))
         try:
-            check_run(self.out, {"method": label, **asdict(cfg), **(identity or {})})
+            check_run(self.out, {"method": label, **cfg.settings(), **(identity or {})})
             self.done = read_episodes(self.out / EPISODES_FILE)
         except BaseException:
             self.close()
@@ -114,7 +122,8 @@ class EvalRun:
         cfg = self.cfg
         layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
         with mujoco_log(self.out / MUJOCO_LOG, f"{task} episode {i}"):
-            env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps, cfg.protocol)
+            env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps, cfg.protocol,
+                           cfg.center_crop)
             try:
                 line = run_episode(env, policy, reset_options(cfg.benchmark, layout_seed, i), cfg.execute)
             except InputError as err:
@@ -165,22 +174,25 @@ def run_episode(env, policy: VLAPolicy, options: dict, execute: int = 0) -> dict
     """One episode from `env.reset(options=options)` (`registry.reset_options`) to success or truncation."""
     obs, info = env.reset(options=options)
     policy.reset(env.instruction, env.task)
-    records, ee_path, success, truncated, env_steps = [], [], False, False, 0
+    records, ee_path, executed, success, truncated, env_steps = [], [], [], False, False, 0
     moved = [info["ee_pos"]]  # positions since the last inference: the kinematic window's steps
     while not (success or truncated):
         actions, record = policy.act(obs["image"], obs["state"], moved)
         records.append(record)
         ee_path.append([round(float(x), 5) for x in info["ee_pos"]])
         moved, todo = [], actions[: execute or len(actions)]
+        executed.append([])
         for j, action in enumerate(todo):
             # only the frame after the chunk is read: mid-chunk steps skip rendering
             obs, _, success, truncated, info = env.step(action, render=j == len(todo) - 1)
             moved.append(info["ee_pos"])
+            executed[-1].append([round(float(x), 6) for x in info["action"]])
             env_steps += 1
             if success or truncated:
                 break
     policy.end_episode(success)
     steps = episode_steps(records)
     steps["ee_pos"] = ee_path  # where each control step started: the plots color it by mode
+    steps["actions"] = executed  # per control step, the actions the simulator received (protocol applied)
     return {"success": bool(success), "env_steps": env_steps, "layout": [round(float(x), 6) for x in env.layout],
             "steps": steps}

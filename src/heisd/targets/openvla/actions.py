@@ -16,6 +16,10 @@ _EPS = 1e-8  # OpenVLA's data pipeline guard against q99 == q01 (encoding only, 
 
 
 class OpenVLAActionTokenizer(ActionTokenizer):
+    # predict_action's float64: LIBERO's simulator receives these numbers (float32 moves the end effector
+    # by ~5e-9 within 30 steps of an episode)
+    action_dtype = np.float64
+
     def __init__(self, vocab_size: int, q01: np.ndarray, q99: np.ndarray, mask: np.ndarray, n_bins: int):
         super().__init__(vocab_size, q01, q99, n_bins)
         self.mask = np.asarray(mask, dtype=bool)

@@ -8,7 +8,7 @@ out here rather than taken from whatever `transformers` is installed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,9 @@ from heisd.targets.vla.checkpoint import read_json as read_checkpoint_json  # on
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
+# a fine-tuned checkpoint's action statistics: when present they replace config.json's norm_stats,
+# as OpenVLA's eval loads them (experiments/robot/openvla_utils.py, get_vla)
+DATASET_STATISTICS_FILE = "dataset_statistics.json"
 
 # LlamaConfig() of transformers 4.40.1 (which wrote openvla-7b): the keys that shape the model.
 LLAMA_TEXT_DEFAULTS: dict[str, Any] = {
@@ -64,6 +67,7 @@ class OpenVLAConfig:
     n_action_bins: int  # action bins per dimension
     norm_stats: dict[str, Any] = field(repr=False)  # dataset key -> {"action": {q01, q99, mask, ...}, ...}
     source: Path | None = None  # the config.json read, for error messages
+    norm_stats_source: Path | None = None  # the file norm_stats came from (config.json or dataset_statistics.json)
 
     @property
     def vocab_size(self) -> int:
@@ -107,14 +111,18 @@ class OpenVLAConfig:
 
     @classmethod
     def from_dir(cls, directory: Path) -> OpenVLAConfig:
-        path = directory / CONFIG_FILE
-        return cls.from_dict(read_json(path), path)
+        path, statistics = directory / CONFIG_FILE, directory / DATASET_STATISTICS_FILE
+        data = read_json(path)
+        if not statistics.is_file():
+            return cls.from_dict(data, path)
+        config = cls.from_dict({**data, "norm_stats": read_json(statistics)}, path)
+        return replace(config, norm_stats_source=statistics)
 
     def action_stats(self, unnorm_key: str | None) -> ActionStats:
         """The statistics to de-normalize with. As OpenVLA's LIBERO eval: `KEY` falls back to
         `KEY_no_noops`; no key is fine only when there is exactly one."""
         keys = sorted(self.norm_stats)
-        where = self.source or CONFIG_FILE
+        where = self.norm_stats_source or self.source or CONFIG_FILE
         if unnorm_key is None:
             if len(keys) != 1:
                 raise CheckpointError(f"{where} has action statistics for {len(keys)} datasets; "

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from heisd.targets.openvla.config import PREPROCESSOR_FILE, OpenVLAConfig, read_json
+from heisd.targets.openvla.config import DATASET_STATISTICS_FILE, PREPROCESSOR_FILE, OpenVLAConfig, read_json
 from heisd.targets.openvla.model import OpenVLA, OpenVLAParts, llama_config
 from heisd.targets.openvla.preprocess import ImagePreprocessor
 from heisd.targets.openvla.prompt import PromptEncoder
@@ -31,7 +31,7 @@ def read_parts(directory: Path, unnorm_key: str | None, weights: list[str] | tup
     config = OpenVLAConfig.from_dir(directory)
     preprocess = ImagePreprocessor.from_dict(read_json(directory / PREPROCESSOR_FILE), directory / PREPROCESSOR_FILE)
     identity = [directory / "config.json", directory / PREPROCESSOR_FILE]
-    identity += [directory / f for f in _TOKENIZER_FILES if (directory / f).is_file()]
+    identity += [directory / f for f in (DATASET_STATISTICS_FILE, *_TOKENIZER_FILES) if (directory / f).is_file()]
     identity += [directory / f for f in weights]
     return OpenVLAParts(config, preprocess, PromptEncoder.from_dir(directory), config.action_stats(unnorm_key),
                         identity_files=tuple(identity))

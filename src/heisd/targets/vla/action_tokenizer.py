@@ -18,6 +18,8 @@ _EPS = 1e-8
 
 
 class ActionTokenizer:
+    action_dtype = np.float32  # what `decode` returns
+
     def __init__(self, vocab_size: int, q01: np.ndarray, q99: np.ndarray, n_bins: int):
         self.vocab_size = int(vocab_size)
         self.n_bins = int(n_bins)
@@ -49,9 +51,9 @@ class ActionTokenizer:
         return self.vocab.token(np.digitize(self.normalize(actions), self.bins) - 1).astype(np.int64)
 
     def decode(self, ids: np.ndarray) -> np.ndarray:
-        """token ids [..., A] -> actions [..., A] (raw units, float32) at the bin centers."""
+        """token ids [..., A] -> actions [..., A] (raw units, `action_dtype`) at the bin centers."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.shape[-1] != self.action_dim:
             raise ValueError(f"ids have {ids.shape[-1]} dims, tokenizer has {self.action_dim}")
         index = np.clip(self.vocab.bin(ids), 0, self.n_bins - 2)
-        return self.unnormalize(self.bin_centers[index]).astype(np.float32)
+        return self.unnormalize(self.bin_centers[index]).astype(self.action_dtype)
