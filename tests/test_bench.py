@@ -7,8 +7,8 @@ import json
 import pytest
 from helpers import tiny_vla, write_demo_file
 
-from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
 from heisd.commands.calibrate import calibrate
+from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
 from heisd.retrieval import build_datastore, open_datastore
 from heisd.runtime.bench import ladder, run_bench, write_report
 from heisd.runtime.evaluation import EvalConfig

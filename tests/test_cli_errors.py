@@ -145,8 +145,8 @@ def test_a_multi_line_message_is_printed_on_one_line() -> None:
 
 
 def test_target_defaults_to_the_benchmarks_shipped_one():
-    from heisd.commands.runner import build_parser
     from heisd.commands.common import shipped_target
+    from heisd.commands.runner import build_parser
 
     parser, _ = build_parser("eval")
     for benchmark, path in (("mw", "checkpoints/vla"), ("libero_object", "checkpoints/libero_object/vla")):

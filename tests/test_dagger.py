@@ -8,11 +8,12 @@ import torch
 from helpers import tiny_vla, write_demo_file
 
 from heisd.data.dataset import DemoFile
-from heisd.data.demos import DemoConfig, episode_seed, generate_demos, record_episode
 from heisd.errors import ConfigError, InputError, OutputError
-from heisd.runtime.evaluation import EVAL_SEED_OFFSET
-from heisd.targets.vla import CheckpointError, VLA
 from heisd.runtime.dagger import LOG_FILE, DaggerConfig, run_dagger
+from heisd.runtime.demos import generate_demos
+from heisd.runtime.evaluation import EVAL_SEED_OFFSET
+from heisd.runtime.recording import DemoConfig, episode_seed, record_episode
+from heisd.targets.vla import VLA, CheckpointError
 from heisd.targets.vla.frames import read_episodes
 from heisd.targets.vla.train import TrainConfig, train, trained_camera
 

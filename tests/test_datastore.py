@@ -9,9 +9,8 @@ import faiss
 import numpy as np
 import pytest
 
-from heisd.retrieval import (GLOBAL_COLLECTION, Datastore, DatastoreError, DatastoreWriter,
-                             IndexConfig, benchmark_index)
 from heisd.errors import OutputError
+from heisd.retrieval import GLOBAL_COLLECTION, Datastore, DatastoreError, DatastoreWriter, IndexConfig, benchmark_index
 from heisd.retrieval import datastore as datastore_module
 from heisd.retrieval.entries import PAYLOAD_FIELDS
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from heisd.data.dataset import ActionStats, DemoFile, DemoFormatError, compute_action_stats
-from heisd.data.demos import DemoConfig, generate_demos
+from heisd.runtime.demos import generate_demos
+from heisd.runtime.recording import DemoConfig
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +108,9 @@ def test_target_rollouts_keep_every_episode_and_feed_a_datastore(tmp_path):
     "target"); build-datastore keeps them whole and fits the kinematic statistics on the expert's."""
     from helpers import tiny_vla
 
-    from heisd.data.demos import DemoConfig, generate_demos
     from heisd.retrieval import build_datastore, open_datastore
+    from heisd.runtime.demos import generate_demos
+    from heisd.runtime.recording import DemoConfig
 
     vla = tiny_vla()
     vla.save_pretrained(tmp_path / "vla")
@@ -130,8 +132,8 @@ def test_target_rollouts_keep_every_episode_and_feed_a_datastore(tmp_path):
 
 
 def test_demo_seeds_stay_clear_of_evaluation_layouts():
-    from heisd.data.demos import DemoConfig
     from heisd.runtime.evaluation import EVAL_SEED_OFFSET
+    from heisd.runtime.recording import DemoConfig
 
     with pytest.raises(ValueError, match="evaluation layouts"):
         DemoConfig(("reach-v3",), episodes=1, seed=EVAL_SEED_OFFSET)

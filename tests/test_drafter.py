@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from heisd.data.dataset import DemoFile
 from heisd.decoding import (
     DecodeConfig,
     DecodeState,
@@ -23,10 +24,9 @@ from heisd.decoding import (
     TokenRelaxedAcceptance,
     Verifier,
 )
+from heisd.decoding.rollout import Features, greedy_rollout
 from heisd.drafter import Drafter, DrafterConfig, DrafterError, DrafterProposer, DrafterTarget, TreeConfig
 from heisd.drafter.model import additive_mask
-from heisd.decoding.rollout import Features, greedy_rollout
-from heisd.data.dataset import DemoFile
 from heisd.drafter.train import DrafterTrainConfig, drafter_loss, fit, successful_episodes, target_features
 from heisd.targets.vla import VLA, NormStats, TextTokenizer, VLAConfig
 

@@ -9,8 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from heisd.kinematics import (CostAwareSwitch, KinematicConfig, KinematicStats, KinematicSwitch, calibrate_threshold,
-                              curvature_radius, fused_metric, path_length)
+from heisd.kinematics import (
+    CostAwareSwitch,
+    KinematicConfig,
+    KinematicStats,
+    KinematicSwitch,
+    calibrate_threshold,
+    curvature_radius,
+    fused_metric,
+    path_length,
+)
 
 CONFIG = KinematicConfig(alpha=0.5, window=15, r_cap=1.0, threshold=0.5)
 

@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 
 from heisd.benchmarks.libero_protocol import (
-    DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, center_crop, openvla_gripper, openvla_image, rotate_180,
+    DUMMY_ACTION,
+    MAX_STEPS,
+    NUM_STEPS_WAIT,
+    center_crop,
+    openvla_gripper,
+    openvla_image,
+    rotate_180,
 )
 from heisd.benchmarks.registry import BENCHMARKS, default_max_steps, reset_options
 from heisd.data.dataset import DemoFile, DemoFormatError
@@ -158,8 +164,9 @@ def test_reader_refuses_a_file_of_another_suite(tmp_path):
 
 
 def test_build_datastore_refuses_another_suite_before_encoding(tmp_path):
-    from heisd.retrieval.build import build_datastore
     from helpers import tiny_vla
+
+    from heisd.retrieval.build import build_datastore
 
     path = tmp_path / f"{OBJECT_TASK}_demo.hdf5"
     _libero_file(path, attrs=True)

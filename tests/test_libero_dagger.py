@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from heisd.data.dataset import DemoFile
-from heisd.data.demos import DemoConfig
 from heisd.errors import UsageError
+from heisd.runtime.recording import DemoConfig
 
 pytest.importorskip("libero", reason="the libero extra is not installed (pip install -e '.[libero]')")
 
@@ -33,9 +33,9 @@ def _episode(success: bool, steps: int = 5) -> dict:
 
 def _record(tmp_path: Path, cfg: DemoConfig, successes: list[bool], monkeypatch) -> Path:
     """The real LIBERO writer over episodes made up here (the simulator's part is tested elsewhere)."""
-    from heisd.data import libero_demos
+    from heisd.runtime import libero_demos
 
-    monkeypatch.setattr(libero_demos, "_episode_job", lambda job: _episode(successes[job[1]]))
+    monkeypatch.setattr(libero_demos, "episode_job", lambda job: _episode(successes[job[1]]))
     libero_demos.generate_libero_demos(cfg, tmp_path, progress=False)
     return tmp_path / f"{TASK}_demo.hdf5"
 
@@ -75,7 +75,7 @@ def test_dagger_round_files_on_libero(tmp_path):
 
 
 def test_a_target_that_cannot_act_in_libero_is_refused():
-    from heisd.data.demos import _target_policy
+    from heisd.runtime.recording import _target_policy
 
     with pytest.raises(UsageError, match="4-D actions .* cannot be recorded in libero_object"):
         _target_policy(str(CHECKPOINTS / "vla"), "libero_object")  # the mw target
@@ -88,7 +88,7 @@ def test_libero_dagger_labels_are_the_experts_on_the_targets_path():
     from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
     from heisd.benchmarks.libero_experts import expert_actor
     from heisd.benchmarks.libero_protocol import MAX_STEPS
-    from heisd.data.demos import episode_seed, record_episode
+    from heisd.runtime.recording import episode_seed, record_episode
 
     cfg = DemoConfig((TASK,), 1, seed=5, image_size=32, policy=str(CHECKPOINTS / "libero_object" / "vla"),
                      expert_labels=True, benchmark="libero_object")

@@ -8,10 +8,16 @@ import pytest
 from conftest import LIBERO_TASK
 
 from heisd.benchmarks.libero_experts import (
-    ExpertConfig, Phase, PickPlaceExpert, Scene, check_expert_suite, choose_yaw, hand_clearance,
+    ExpertConfig,
+    Phase,
+    PickPlaceExpert,
+    Scene,
+    check_expert_suite,
+    choose_yaw,
+    hand_clearance,
 )
-from heisd.data.demos import dart_action
 from heisd.errors import UsageError
+from heisd.runtime.recording import dart_action
 
 CFG = ExpertConfig()
 PLACE = np.array([0.0, 0.26, 0.067])  # the basket's contain region, as LIBERO-Object puts it
@@ -153,7 +159,7 @@ def _object_xy(env, state: np.ndarray) -> np.ndarray:
 def test_demo_layouts_are_disjoint_from_eval_init_states(libero_env):
     """Demos reset from a seed (LIBERO's placement samplers); evaluation from init states 0..N-1."""
     from heisd.benchmarks.registry import reset_options
-    from heisd.data.demos import episode_seed
+    from heisd.runtime.recording import episode_seed
 
     env = libero_env
     eval_xy = [_object_xy(env, env._init_states[reset_options("libero_object", 0, i)["init_state"]])
@@ -181,7 +187,8 @@ def test_recorded_episode_round_trips_through_the_reader(libero_env, tmp_path):
     from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
     from heisd.benchmarks.libero_experts import expert_actor
     from heisd.data.dataset import DemoFile
-    from heisd.data.demos import DemoConfig, generate_demos
+    from heisd.runtime.demos import generate_demos
+    from heisd.runtime.recording import DemoConfig
 
     size = libero_env.config.image_size // 2  # its own simulator: the recorder closes it when done
     cfg = DemoConfig((TASK,), 1, seed=3, noise=0.5, image_size=size, benchmark="libero_object")
@@ -210,7 +217,7 @@ def test_recorded_episode_round_trips_through_the_reader(libero_env, tmp_path):
 
 @pytest.mark.slow
 def test_dart_noise_moves_the_hand_off_the_clean_path(libero_env):
-    from heisd.data.demos import DemoConfig, record_episode
+    from heisd.runtime.recording import DemoConfig, record_episode
 
     clean = record_episode(TASK, 0, DemoConfig((TASK,), 1, noise=0.0, image_size=32, benchmark="libero_object"))
     noisy = record_episode(TASK, 0, DemoConfig((TASK,), 1, noise=0.3, image_size=32, benchmark="libero_object"))

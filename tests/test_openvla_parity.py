@@ -9,8 +9,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from heisd.decoding import DecodeConfig, DecodeState, DraftTree, ExactAcceptance, Proposal, Proposer
-from heisd.decoding import SpeculativeDecoder, Verifier
+from heisd.decoding import (
+    DecodeConfig,
+    DecodeState,
+    DraftTree,
+    ExactAcceptance,
+    Proposal,
+    Proposer,
+    SpeculativeDecoder,
+    Verifier,
+)
 from heisd.drafter import DrafterProposer, TreeConfig
 from heisd.profiling import random_drafter
 

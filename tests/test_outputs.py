@@ -10,13 +10,14 @@ import pytest
 from helpers import tiny_vla, write_demo_file
 
 from heisd.cli import main
-from heisd.data.demos import DEMOS, DemoConfig, generate_demos
 from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
 from heisd.drafter.train import DRAFTER_RUN
 from heisd.errors import OutputError
 from heisd.retrieval import build_datastore
 from heisd.retrieval.manifest import DATASTORE
 from heisd.runtime.bench import BENCH_RUN
+from heisd.runtime.demos import generate_demos
+from heisd.runtime.recording import DEMOS, DemoConfig
 from heisd.runtime.replay import REPLAY_RUN
 from heisd.runtime.runinfo import EVAL_RUN
 from heisd.targets.vla.train import TRAINING_RUN

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import faiss
 import h5py
+import helpers
 import numpy as np
 import pytest
 import torch
-
-import helpers
 
 from heisd.cli import main
 from heisd.data.dataset import DemoFile

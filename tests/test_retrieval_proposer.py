@@ -4,7 +4,6 @@ acceptance, verify-skip, fallbacks and per-step stats."""
 from __future__ import annotations
 
 import dataclasses
-
 from types import SimpleNamespace
 
 import faiss

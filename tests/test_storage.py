@@ -16,8 +16,20 @@ import h5py
 import pytest
 
 from heisd.errors import OutputError
-from heisd.storage import (LOCK_FILE, OutputKind, atomic_directory, atomic_file, atomic_files, check_output,
-                           clear_output, directory_lock, is_free, refuse_foreign, strict_json, write_json)
+from heisd.storage import (
+    LOCK_FILE,
+    OutputKind,
+    atomic_directory,
+    atomic_file,
+    atomic_files,
+    check_output,
+    clear_output,
+    directory_lock,
+    is_free,
+    refuse_foreign,
+    strict_json,
+    write_json,
+)
 from heisd.storage.guard import has_file, hdf5_with_attr, json_with
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

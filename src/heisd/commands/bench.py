@@ -36,7 +36,12 @@ def run(args: argparse.Namespace) -> int:
 
     from heisd.benchmarks.registry import resolve_tasks
     from heisd.commands.common import (
-        camera_of, check_closed_loop, closed_loop_unnorm_key, load_target, max_steps_of, method_config,
+        camera_of,
+        check_closed_loop,
+        closed_loop_unnorm_key,
+        load_target,
+        max_steps_of,
+        method_config,
     )
     from heisd.runtime.bench import QUICK_TASKS, full_heisd, ladder, report_table, run_bench, write_report
     from heisd.runtime.evaluation import EvalConfig

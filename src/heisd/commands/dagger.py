@@ -11,8 +11,8 @@ HELP = ("Improve the target with DAgger: roll it out, label the states it visits
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.benchmarks.libero_experts import EXPERT_SUITES
-    from heisd.runtime.methods import default_of
     from heisd.runtime.dagger import DaggerConfig
+    from heisd.runtime.methods import default_of
 
     d = lambda name: default_of(DaggerConfig, name)  # noqa: E731
     p.add_argument("--benchmark", default=d("benchmark"), choices=("mw", *EXPERT_SUITES),

@@ -49,8 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from heisd.benchmarks.registry import resolve_tasks
-    from heisd.data.demos import DemoConfig, generate_demos, measure_expert
     from heisd.errors import UsageError
+    from heisd.runtime.demos import generate_demos, measure_expert
+    from heisd.runtime.recording import DemoConfig
 
     if args.benchmark != "mw":
         from heisd.benchmarks.libero_experts import check_expert_suite

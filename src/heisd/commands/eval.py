@@ -34,7 +34,12 @@ def run(args: argparse.Namespace) -> int:
 
     from heisd.benchmarks.registry import resolve_tasks
     from heisd.commands.common import (
-        camera_of, check_closed_loop, closed_loop_unnorm_key, load_policy, max_steps_of, method_config,
+        camera_of,
+        check_closed_loop,
+        closed_loop_unnorm_key,
+        load_policy,
+        max_steps_of,
+        method_config,
     )
     from heisd.errors import InputError, UsageError
     from heisd.runtime.evaluation import EvalConfig, evaluate

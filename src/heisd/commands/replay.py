@@ -22,12 +22,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heisd.commands.common import load_policy, method_config
+    from heisd.data.dataset import DemoFile
     from heisd.runtime.methods import build_decoders
     from heisd.runtime.policy import VLAPolicy
     from heisd.runtime.replay import REPLAY_FILE, REPLAY_RUN, replay
     from heisd.storage import check_output, directory_lock, write_json
-
-    from heisd.data.dataset import DemoFile
 
     for path in args.demos:
         with DemoFile(path) as f:

@@ -27,8 +27,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from heisd.errors import ConfigError, OutputError
-from heisd.storage import (OutputKind, append_text, check_output, directory_lock, recorded_path, refuse_foreign,
-                           strict_json, write_json)
+from heisd.storage import (
+    OutputKind,
+    append_text,
+    check_output,
+    directory_lock,
+    recorded_path,
+    refuse_foreign,
+    strict_json,
+    write_json,
+)
 from heisd.storage.guard import json_with
 
 CONFIG_FILE = "dagger.json"
@@ -54,7 +62,7 @@ class DaggerConfig:
 
     def __post_init__(self) -> None:
         from heisd.benchmarks.libero_experts import check_expert_suite
-        from heisd.data.demos import EVAL_SEED_OFFSET
+        from heisd.runtime.recording import EVAL_SEED_OFFSET
 
         if self.benchmark != "mw":
             check_expert_suite(self.benchmark)
@@ -120,8 +128,16 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
 
     from heisd.benchmarks.cameras import DEFAULT_CAMERA, UNRECORDED_CAMERA
     from heisd.benchmarks.registry import is_libero
-    from heisd.data.demos import DemoConfig, generate_demos
-    from heisd.targets.vla.train import TRAIN_STATE_FILE, TrainConfig, demo_camera, read_train_info, train, trained_camera
+    from heisd.runtime.demos import generate_demos
+    from heisd.runtime.recording import DemoConfig
+    from heisd.targets.vla.train import (
+        TRAIN_STATE_FILE,
+        TrainConfig,
+        demo_camera,
+        read_train_info,
+        train,
+        trained_camera,
+    )
 
     folder = out / f"round_{r}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -165,7 +181,7 @@ def _rollout_output(cfg: DaggerConfig, folder: Path) -> Path:
 def rollout_files(cfg: DaggerConfig, folder: Path) -> list[Path]:
     """The files of a round's rollouts."""
     from heisd.benchmarks.registry import is_libero
-    from heisd.data.libero_demos import task_file
+    from heisd.runtime.libero_demos import task_file
 
     output = _rollout_output(cfg, folder)
     return [output / task_file(t) for t in cfg.tasks] if is_libero(cfg.benchmark) else [output]
@@ -192,14 +208,15 @@ def rollout_success(paths: list[Path]) -> dict[str, float]:
 
 def _check_init(cfg: DaggerConfig) -> None:
     """--init must be a heisd VLA that acts in the benchmark (DAgger fine-tunes it on its own rollouts)."""
-    from heisd.data.demos import check_recordable
+    from heisd.runtime.recording import check_recordable
     from heisd.targets import load_target
 
     check_recordable(load_target(cfg.init), cfg.init, cfg.benchmark, "--init")
 
 
 def _chunk(checkpoint: Path) -> int:
-    from heisd.targets.vla.checkpoint import CONFIG_FILE as VLA_CONFIG, read_json
+    from heisd.targets.vla.checkpoint import CONFIG_FILE as VLA_CONFIG
+    from heisd.targets.vla.checkpoint import read_json
 
     return int(read_json(checkpoint / VLA_CONFIG, missing=f"{checkpoint}: not a VLA checkpoint (no {VLA_CONFIG})")["chunk"])
 

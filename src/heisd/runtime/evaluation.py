@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from heisd.benchmarks.cameras import DEFAULT_CAMERA
-from heisd.data.demos import EVAL_SEED_OFFSET
 from heisd.errors import ConfigError, InputError
 from heisd.runtime import run_thresholds
 from heisd.runtime.metrics import episode_steps, summarize
 from heisd.runtime.policy import VLAPolicy
+from heisd.runtime.recording import EVAL_SEED_OFFSET
 from heisd.runtime.runinfo import EVAL_RUN, check_run
 from heisd.storage import append_text, directory_lock, refuse_foreign, strict_json, write_json, write_text
 
@@ -117,7 +117,7 @@ class EvalRun:
     def run(self, policy: VLAPolicy, task: str, i: int) -> dict:
         from heisd.benchmarks.mujoco_log import mujoco_log
         from heisd.benchmarks.registry import make_env, reset_options
-        from heisd.data.demos import episode_seed
+        from heisd.runtime.recording import episode_seed
 
         cfg = self.cfg
         layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)

@@ -10,7 +10,7 @@
         states             (T, S) float64 simulator states, rewards and dones (T,) uint8 (1 at a success)
 
 An expert's successful episodes are kept; the target's rollouts and DAgger data keep every episode
-(`heisd.data.demos`). The writer is all-or-nothing (the files appear together).
+(`heisd.runtime.demos`). The writer is all-or-nothing (the files appear together).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import numpy as np
 
 from heisd import __version__
 from heisd.benchmarks.libero_protocol import rotate_180
-from heisd.data.demos import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, _episode_job
 from heisd.data.libero_files import DEMO_SUFFIX
+from heisd.runtime.recording import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, episode_job
 from heisd.storage import atomic_files, check_output
 from heisd.storage.hdf5 import HDF5Output
 
@@ -56,7 +56,7 @@ def generate_libero_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress
         # place; the bar is closed before an error reaches the command line (its last line)
         with (tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar,
               atomic_files(out, names) as temps, ExitStack() as closing):
-            results = pool.imap(_episode_job, jobs) if pool else map(_episode_job, jobs)
+            results = pool.imap(episode_job, jobs) if pool else map(episode_job, jobs)
             for ep in results:  # in job order: one task's episodes after another
                 task = ep["task"]
                 if task not in files:
