@@ -22,7 +22,7 @@ from heisd.retrieval import build_datastore
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.policy import VLAPolicy
 from heisd.serving.launch import ServerThread, make_service
-from heisd.serving.service import ServeConfig
+from heisd.serving.config import ServeConfig
 from heisd.serving.sessions import SessionLimits
 from heisd.serving.wire import WireLimits
 

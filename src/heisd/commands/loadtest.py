@@ -13,7 +13,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.serving.loadtest import LoadConfig
+    from heisd.profiling.loadtest import LoadConfig
 
     p.add_argument("--server", required=True, metavar="URL",
                    help="the server, on this machine (e.g. http://127.0.0.1:8000); its target and method "
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from heisd.data.dataset import DemoFile
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
-    from heisd.serving.loadtest import LoadConfig, run_loadtest
+    from heisd.profiling.loadtest import LoadConfig, run_loadtest
     from heisd.storage import OutputKind, check_output, write_text
     from heisd.storage.guard import json_file_with
     from heisd.targets import load_target

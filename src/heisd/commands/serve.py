@@ -9,7 +9,7 @@ HELP = "Serve a policy over HTTP: OpenVLA-compatible POST /act with HeiSD episod
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.commands.common import add_method_arguments
-    from heisd.serving.service import ServeConfig
+    from heisd.serving.config import ServeConfig
     from heisd.serving.sessions import SessionLimits
     from heisd.serving.wire import WireLimits
 
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def serve_config(args: argparse.Namespace):
-    from heisd.serving.service import ServeConfig
+    from heisd.serving.config import ServeConfig
     from heisd.serving.sessions import SessionLimits
     from heisd.serving.wire import WireLimits
 

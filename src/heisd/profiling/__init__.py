@@ -1,7 +1,11 @@
-"""Per-piece cost of a target on the current device (`heisd profile`)."""
+"""Per-piece cost of a target on the current device (`heisd profile`), projections onto another
+device (`heisd project`) and the server's load test (`heisd loadtest`)."""
 
-from heisd.profiling.pieces import ProfileConfig, profile_target, random_drafter
-from heisd.profiling.report import format_table
-from heisd.profiling.timer import Timing, measure
+from heisd.lazy import lazy_exports
 
-__all__ = ["ProfileConfig", "Timing", "format_table", "measure", "profile_target", "random_drafter"]
+_EXPORTS = {
+    "ProfileConfig": "pieces", "profile_target": "pieces", "random_drafter": "pieces",
+    "format_table": "report", "Timing": "timer", "measure": "timer",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

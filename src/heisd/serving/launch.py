@@ -11,7 +11,8 @@ from dataclasses import asdict
 import uvicorn
 
 from heisd.serving.app import create_app
-from heisd.serving.service import PolicyService, ServeConfig, TargetFacts
+from heisd.serving.config import ServeConfig
+from heisd.serving.service import PolicyService, TargetFacts
 
 
 def make_service(target, method, config: ServeConfig, target_path: str,

@@ -8,18 +8,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from heisd.serving.sessions import SessionLimits, SessionStore
+from heisd.serving.config import ServeConfig
+from heisd.serving.sessions import SessionStore
 from heisd.targets.base import ActionCodec, resolve_unnorm_key
-from heisd.serving.wire import ActRequest, WireError, WireLimits
+from heisd.serving.wire import ActRequest, WireError
 from heisd.serving.worker import ModelWorker
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    queue_size: int = 32  # requests waiting for the model worker; one more is refused with 503
-    max_body_bytes: int = 8 << 20  # request body limit (413 above): a 1024x1024 image fits with room
-    wire: WireLimits = field(default_factory=WireLimits)
-    sessions: SessionLimits = field(default_factory=SessionLimits)
 
 
 @dataclass(frozen=True)
