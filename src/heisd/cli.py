@@ -48,6 +48,7 @@ COMMANDS = {
     "project": "project",
     "serve": "serve",
     "loadtest": "loadtest",
+    "robot": "robot",
 }
 
 
