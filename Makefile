@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # LIBERO itself, without its declared dependencies (its training stack); the simulator's come with .[libero]
 LIBERO_NODEPS := libero==0.1.1 bddl==1.0.1
+# openpi's client for the tests, without its declared numpy<2 (see pyproject's dev extra)
+TEST_NODEPS := openpi-client==0.1.2
 export MUJOCO_GL ?= egl
 
 .PHONY: demo test test-slow lint install clean
@@ -16,8 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build on local disk, so no multi-GB CUDA build is pulled
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,libero]'
-	$(BIN)/pip install -q --no-deps $(LIBERO_NODEPS)
+	$(BIN)/pip install -q -e '.[dev,libero,robot]'
+	$(BIN)/pip install -q --no-deps $(LIBERO_NODEPS) $(TEST_NODEPS)
 	touch $(STAMP)
 
 install: $(STAMP)

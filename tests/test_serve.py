@@ -125,6 +125,28 @@ def test_one_off_step_matches_a_fresh_policy(built, server):
         assert step.timing_ms["step"] > 0 and step.timing_ms["total"] >= step.timing_ms["step"]
 
 
+def test_msgpack_and_json_requests_get_the_same_step(built, server):
+    """PolicyClient's msgpack requests (its default) and deploy.py's JSON give the same actions and
+    step record; a malformed msgpack body gets the status its JSON twin would."""
+    import msgpack
+    from openpi_client import msgpack_numpy
+
+    image, state, path = observations(8, 1, 0.0)[0]
+    steps = [PolicyClient(server.url, encoding=e).act(image, REACH, proprio=state, ee_pos=path) for e in ("msgpack", "json")]
+    np.testing.assert_array_equal(steps[0].actions, steps[1].actions)
+    assert comparable(steps[0].record) == comparable(steps[1].record)
+    good = {"image": image, "instruction": REACH, "proprio": state}
+    cases = [(b"\xc1", 400, "not valid msgpack"), (msgpack.packb([1]), 422, "expected a msgpack map"),
+             (msgpack.packb({"instruction": REACH}), 422, "image: missing"),
+             (msgpack.packb({**good, "image": [1, 2]}, default=msgpack_numpy.pack_array), 422,
+              "image: expected a msgpack-numpy array"),
+             (msgpack_numpy.packb({**good, "proprio": np.zeros(7, np.int32)}), 422, "proprio: dtype int32"),
+             (msgpack_numpy.packb({**good, "reset": True}), 422, "reset: needs an episode_id")]
+    for body, status, message in cases:
+        response = requests.post(f"{server.url}/act", data=body, headers={"Content-Type": "application/msgpack"})
+        assert response.status_code == status and message in response.json()["error"], response.text
+
+
 # ----- sessions -----
 
 def test_interleaved_episodes_equal_separate_runs(built, server):
@@ -271,21 +293,51 @@ def test_a_full_queue_answers_503(server):
 
 
 def test_an_internal_fault_is_500_and_the_server_keeps_serving(built):
-    """The drafter checkpoint disappears under a running server: the next episode that needs a
-    new policy fails with 500 and the cause; episodes already open go on."""
+    """Building a new episode's policy fails inside a running server (here: made to fail, as an
+    exhausted accelerator would): that request is a 500 with the cause; episodes already open go on."""
     vla, tmp = built
-    shutil.copytree(tmp / "drafter", tmp / "doomed")
     image, state, path = observations(5, 1, 0.0)[0]
-    method = MethodConfig("heisd", drafter=str(tmp / "doomed"), datastore=str(tmp / "datastore"),
-                          switch="threshold", switch_threshold=0.3)
-    with serve(vla, method) as s:
+    with serve(vla, heisd_method(tmp)) as s:
         client = PolicyClient(s.url)
         client.act(image, REACH, proprio=state, ee_pos=path, episode_id="first", reset=True)
-        shutil.rmtree(tmp / "doomed")
+
+        def exhausted():
+            raise RuntimeError("CUDA out of memory building another policy")
+
+        s.service.sessions.make_policy = exhausted
         with pytest.raises(ServerError) as err:
             client.act(image, REACH, proprio=state, ee_pos=path, episode_id="second", reset=True)
-        assert err.value.status == 500 and "doomed" in err.value.message
+        assert err.value.status == 500 and "RuntimeError: CUDA out of memory" in err.value.message
         client.act(image, REACH, proprio=state, ee_pos=path, episode_id="first")
+
+
+def test_sessions_share_one_drafter_and_decode_independently(built):
+    """Every pooled policy runs the drafter module the server loaded once (read-only, no gradients),
+    each through its own proposer; two episodes interleaved on it decode as each alone in process."""
+    vla, tmp = built
+    with serve(vla, heisd_method(tmp)) as s:
+        client = PolicyClient(s.url)
+        episodes = {"a": (REACH, "reach-v3", observations(31, 6, 0.0)),
+                    "b": (DRAWER, "drawer-close-v3", observations(32, 6, 0.08))}
+        expected = {}
+        for name, (instruction, task, obs) in episodes.items():
+            policy = fresh_policy(vla, heisd_method(tmp))
+            policy.reset(instruction, task)
+            expected[name] = [policy.act(*o) for o in obs]
+        for i in range(6):
+            for name, (instruction, task, obs) in episodes.items():
+                image, state, path = obs[i]
+                step = client.act(image, instruction, proprio=state, ee_pos=path, episode_id=name, reset=i == 0,
+                                  task=task)
+                np.testing.assert_array_equal(step.actions, expected[name][i][0])
+                assert comparable(step.record) == comparable(expected[name][i][1])
+        a, b = (s.service.sessions.open[name].policy for name in ("a", "b"))
+        assert a is not b and a.decoders.drafter is b.decoders.drafter is not None
+        proposers = [p.decoders.by_mode["drafter"].proposer for p in (a, b)]
+        assert proposers[0] is not proposers[1]
+        assert proposers[0].drafter is proposers[1].drafter is a.decoders.drafter
+        assert not any(w.requires_grad for w in a.decoders.drafter.parameters())
+        assert all(any(r.mode == "drafter" for _, r in expected[name]) for name in episodes)  # it ran in both
 
 
 # ----- operations -----
@@ -364,10 +416,11 @@ def test_loadtest_command(built, server, tmp_path):
     assert main(["loadtest", "--server", server.url, "--demos", str(tmp / "demos.hdf5"), "--clients", "2",
                  "--requests", "4", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["method"] == "heisd+threshold@0.3"
-    one, many = report["one_client"], report["concurrent"]
-    assert one["requests"] == 4 and one["mismatched"] == 0
+    assert report["method"] == "heisd+threshold@0.3" and report["protocols"] == ["rest"]
+    one, many = report["one_client"], report["concurrent"]["rest"]
+    assert one["requests"] == 4 and one["rest"]["mismatched"] == one["rest"]["different_mode"] == 0
     assert many["requests_sent"] == many["ok"] == 8 and many["errors"] == {} and many["mismatched"] == 0
+    assert many["different_mode"] == 0  # the threshold switch: modes never depend on timing
     assert many["throughput_rps"] > 0 and many["rtt_ms"]["p99"] >= many["rtt_ms"]["p50"] > 0
 
 

@@ -8,15 +8,21 @@
     step = client.act(image, "open the drawer", proprio=state, ee_pos=moved, episode_id="run-1")
     client.end("run-1", success=True)               # the adaptive skips learn from the outcome
 
-`RemotePolicy` wraps a client in `VLAPolicy`'s interface (reset / act / end_episode), so the
-evaluation loop runs unchanged against a server (`heisd eval --server URL`).
+`OpenpiClient` makes the same calls over openpi's websocket protocol (`serve --protocol openpi`);
+`connect(url)` picks one by the URL's scheme. `RemotePolicy` wraps either in `VLAPolicy`'s interface
+(reset / act / end_episode), so the evaluation loop runs unchanged against a server
+(`heisd eval --server URL`).
 A server that is down (restarting) is retried for a while before a request fails; an HTTP error
 raises `ServerError` with the server's message.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import select
+import socket
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +30,13 @@ from urllib.parse import urlsplit
 
 import json_numpy
 import numpy as np
-import urllib3
-from urllib3.util import Retry
 
 from heisd.errors import HeisdError
-from heisd.serving.wire import STEP_HEADER
+from heisd.serving.msgpack_arrays import packb, unpackb
+from heisd.serving.wire import MSGPACK, STEP_HEADER
 
 JSON = {"Content-Type": "application/json"}
+MSGPACK_HEADERS = {"Content-Type": MSGPACK}
 
 
 class ServerUnreachable(ConnectionError):
@@ -50,18 +56,38 @@ class Step:
     timing_ms: dict[str, float]  # Server-Timing: queue, step, total
 
 
+@dataclass(frozen=True)
+class _Reply:
+    status: int
+    headers: dict[str, str]  # lower-case names
+    data: bytes
+
+
 class PolicyClient:
-    def __init__(self, url: str, timeout: float = 60.0, connect_retries: int = 10, backoff_s: float = 0.1):
+    def __init__(self, url: str, timeout: float = 60.0, connect_retries: int = 10, backoff_s: float = 0.1,
+                 encoding: str = "msgpack"):
         """`connect_retries`: attempts to reach a server that refuses connections (e.g. restarting),
         waiting `backoff_s`, 2x, 4x, ... (at most 2 s) between them. Only refused connections are
         retried: a request that may have reached the server is never sent twice.
 
-        urllib3 directly (one kept-alive connection): a `requests` session costs ~1 ms more per call."""
+        One kept-alive `http.client` connection, each request written in one send: urllib3 writes
+        headers and body apart, and the server's extra wake-up for the second write cost about half a
+        millisecond per step on the loaded 2-core machine (a `requests` session costs more still).
+        `encoding`: "msgpack" (binary arrays: no base64 JSON text to build and parse, most of a
+        millisecond per 128x128 frame there) or "json" (deploy.py's json-numpy, as third-party
+        clients send it). BENCHMARKS 5.1 measures the whole."""
+        if encoding not in ("msgpack", "json"):
+            raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
+        self.encoding, self.timeout = encoding, timeout
+        self.connect_retries, self.backoff_s = connect_retries, backoff_s
         self.url = url.rstrip("/")
-        self._path = urlsplit(self.url).path
-        retry = Retry(total=connect_retries, connect=connect_retries, read=0, redirect=0, status=0, other=0,
-                      backoff_factor=backoff_s, backoff_max=2.0)
-        self.pool = urllib3.connection_from_url(self.url, timeout=timeout, retries=retry)
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url}: expected an http:// or https:// URL")
+        self._path = parts.path
+        self._https, self._host = parts.scheme == "https", parts.hostname
+        self._port = parts.port or (443 if self._https else 80)
+        self._conn: http.client.HTTPConnection | None = None
 
     def act(self, image: np.ndarray, instruction: str, *, proprio: np.ndarray | None = None,
             ee_pos: np.ndarray | None = None, episode_id: str | None = None, reset: bool = False,
@@ -69,13 +95,20 @@ class PolicyClient:
         fields = {"image": np.ascontiguousarray(image), "instruction": instruction, "proprio": proprio,
                   "ee_pos": None if ee_pos is None else np.asarray(ee_pos), "episode_id": episode_id,
                   "reset": reset, "task": task, "unnorm_key": unnorm_key}
-        response = self._send("POST", "/act", json_numpy.dumps({k: v for k, v in fields.items() if v is not None}))
-        return Step(json_numpy.loads(response.data), json.loads(response.headers[STEP_HEADER]),
-                    _server_timing(response.headers.get("Server-Timing", "")))
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if self.encoding == "msgpack":
+            response = self._send("POST", "/act", packb(fields), MSGPACK_HEADERS)
+            reply = unpackb(response.data)
+            actions, record = reply["actions"].copy(), reply["heisd_step"]  # writable, not a view of the reply
+        else:
+            response = self._send("POST", "/act", json_numpy.dumps(fields).encode())
+            actions, record = json_numpy.loads(response.data), json.loads(response.headers[STEP_HEADER.lower()])
+        return Step(actions, record, _server_timing(response.headers.get("server-timing", "")))
 
     def end(self, episode_id: str, success: bool | None) -> dict:
         """Close an episode; `success` (None: unknown, e.g. aborted) feeds the adaptive skips."""
-        return json.loads(self._send("POST", "/end", json.dumps({"episode_id": episode_id, "success": success})).data)
+        body = json.dumps({"episode_id": episode_id, "success": success}).encode()
+        return json.loads(self._send("POST", "/end", body).data)
 
     def info(self) -> dict:
         return json.loads(self._send("GET", "/info").data)
@@ -87,20 +120,64 @@ class PolicyClient:
             return False
 
     def close(self) -> None:
-        self.pool.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
-    def _send(self, method: str, path: str, body: str | None = None) -> urllib3.BaseHTTPResponse:
-        try:
-            response = self.pool.request(method, self._path + path, body=body, headers=JSON if body else None)
-        except urllib3.exceptions.HTTPError as err:  # refused past the retries, reset, timed out
-            raise ServerUnreachable(f"no answer from heisd serve at {self.url} ({err})") from err
-        if response.status != 200:
+    def _connection(self) -> http.client.HTTPConnection:
+        """The kept-alive connection; a new one if there is none or the server closed it (idle
+        keep-alive timeout, restart): a readable idle socket means EOF, nothing was sent on it."""
+        conn = self._conn
+        if conn is not None and conn.sock is not None and not _readable(conn.sock):
+            return conn
+        self.close()
+        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        for attempt in range(self.connect_retries + 1):
+            conn = kind(self._host, self._port, timeout=self.timeout)
             try:
-                message = json.loads(response.data)["error"]
+                conn.connect()
+                break
+            except ConnectionRefusedError as err:  # down (restarting): wait, then retry
+                conn.close()
+                if attempt == self.connect_retries:
+                    raise ServerUnreachable(f"no answer from heisd serve at {self.url} ({err})") from err
+                time.sleep(min(self.backoff_s * 2**attempt, 2.0))
+            except OSError as err:
+                conn.close()
+                raise ServerUnreachable(f"no answer from heisd serve at {self.url} ({err})") from err
+        # replies must not wait for a delayed ACK (Nagle) on a kept-alive connection
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._conn = conn
+        return conn
+
+    def _send(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> _Reply:
+        conn = self._connection()
+        try:
+            # bytes body: http.client writes request line, headers and body in one send
+            conn.request(method, self._path + path, body=body, headers=headers or (JSON if body else {}))
+            response = conn.getresponse()
+            reply = _Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+        except (OSError, http.client.HTTPException) as err:  # reset, timed out, closed mid-request
+            self.close()
+            raise ServerUnreachable(f"no answer from heisd serve at {self.url} ({type(err).__name__}: {err})") from err
+        if response.will_close:
+            self.close()
+        if reply.status != 200:
+            try:
+                message = json.loads(reply.data)["error"]
             except (ValueError, KeyError, TypeError):
-                message = response.data[:200].decode(errors="replace")
-            raise ServerError(response.status, message)
-        return response
+                message = reply.data[:200].decode(errors="replace")
+            raise ServerError(reply.status, message)
+        return reply
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether an idle connection has something to read (EOF: the server closed it)."""
+    if hasattr(select, "poll"):  # poll: no limit on descriptor numbers, unlike select
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _server_timing(header: str) -> dict[str, float]:
@@ -113,10 +190,115 @@ def _server_timing(header: str) -> dict[str, float]:
     return out
 
 
+class OpenpiClient:
+    """`PolicyClient`'s calls over openpi's websocket protocol (`heisd serve --protocol openpi`):
+    msgpack-numpy frames on one kept-open connection. The connection is the episode: `episode_id`
+    is accepted for `PolicyClient`'s signature and not sent; `reset=True` starts a new episode.
+    An error closes the connection (`ServerError` with the server's status and message); the next
+    act() with reset=True reconnects."""
+
+    def __init__(self, url: str, timeout: float = 60.0, connect_retries: int = 10, backoff_s: float = 0.1):
+        self.url, self.timeout = url.rstrip("/"), timeout
+        self.connect_retries, self.backoff_s = connect_retries, backoff_s
+        self._ws = None
+        self._metadata: dict | None = None
+
+    def act(self, image: np.ndarray, instruction: str, *, proprio: np.ndarray | None = None,
+            ee_pos: np.ndarray | None = None, episode_id: str | None = None, reset: bool = False,
+            task: str | None = None, unnorm_key: str | None = None) -> Step:
+        if self._ws is None and not reset:
+            raise ServerError(404, f"the connection to {self.url} closed, and its episode with it: "
+                                   "send reset=True to start a new one")
+        fields = {"image": np.ascontiguousarray(image), "prompt": instruction, "proprio": proprio,
+                  "ee_pos": None if ee_pos is None else np.asarray(ee_pos), "reset": reset, "task": task,
+                  "unnorm_key": unnorm_key}
+        reply = self._exchange(packb({k: v for k, v in fields.items() if v is not None}))
+        timing = reply["server_timing"]
+        return Step(reply["actions"].copy(), reply["heisd_step"],
+                    {"queue": timing["queue_ms"], "step": timing["infer_ms"], "total": timing["total_ms"]})
+
+    def end(self, episode_id: str | None = None, success: bool | None = None) -> dict:
+        """Close the connection's episode; `success` (None: unknown) feeds the adaptive skips."""
+        if self._ws is None:
+            raise ServerError(404, f"the connection to {self.url} closed, and its episode with it")
+        return self._exchange(packb({"end": True, "success": success}))
+
+    def info(self) -> dict:
+        """The metadata the server sent on connect (its /info document)."""
+        self._connection()
+        return self._metadata
+
+    def close(self) -> None:
+        if self._ws is not None:
+            self._ws.close()
+            self._ws = None
+
+    def _connection(self):
+        from websockets.sync.client import connect
+
+        if self._ws is None:
+            for attempt in range(self.connect_retries + 1):
+                try:
+                    # legacy=True: a connection held across calls, not a `with` block
+                    ws = connect(self.url, compression=None, max_size=None, open_timeout=self.timeout, legacy=True)
+                    break
+                except (ConnectionRefusedError, TimeoutError) as err:  # down (restarting): wait, then retry
+                    if attempt == self.connect_retries:
+                        raise ServerUnreachable(f"no answer from heisd serve at {self.url} ({err})") from err
+                    time.sleep(min(self.backoff_s * 2**attempt, 2.0))
+            self._metadata = unpackb(ws.recv(self.timeout))
+            self._ws = ws
+        return self._ws
+
+    def _exchange(self, frame: bytes) -> dict:
+        from websockets.exceptions import ConnectionClosed
+
+        ws = self._connection()
+        try:
+            ws.send(frame)
+            answer = ws.recv(self.timeout)
+        except ConnectionClosed as err:
+            self._ws = None
+            raise _closed_error(err) from None
+        except TimeoutError as err:
+            self.close()
+            raise ServerUnreachable(f"no answer from {self.url} within {self.timeout:g} s") from err
+        if isinstance(answer, str):  # the server's error message; the close frame carries the status
+            self._ws = None
+            try:
+                ws.recv(self.timeout)
+            except ConnectionClosed as err:
+                code = err.rcvd.code if err.rcvd is not None else 1006
+                raise ServerError(code - 4000 if 4000 <= code < 5000 else 500, answer) from None
+            except TimeoutError:
+                ws.close()
+            raise ServerError(500, answer)
+        return unpackb(answer)
+
+
+def _closed_error(err) -> ServerError:
+    """The server closed the connection without an error frame (e.g. 1009: a frame over its limit)."""
+    close = err.rcvd
+    if close is None:
+        return ServerError(502, f"the connection closed without a close frame ({err})")
+    status = close.code - 4000 if 4000 <= close.code < 5000 else (413 if close.code == 1009 else 502)
+    return ServerError(status, f"connection closed ({close.code}): {close.reason or 'no reason given'}")
+
+
+def connect(url: str, **kwargs) -> PolicyClient | OpenpiClient:
+    """A client for `url`: http(s):// -> REST (`PolicyClient`), ws(s):// -> openpi's websocket (`OpenpiClient`)."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("http", "https"):
+        return PolicyClient(url, **kwargs)
+    if scheme in ("ws", "wss"):
+        return OpenpiClient(url, **kwargs)
+    raise ValueError(f"{url}: expected an http://, https://, ws:// or wss:// URL")
+
+
 class RemotePolicy:
     """`VLAPolicy`'s interface served by a `heisd serve`: one server episode per reset()."""
 
-    def __init__(self, client: PolicyClient):
+    def __init__(self, client: PolicyClient | OpenpiClient):
         self.client = client
         self._prefix = uuid.uuid4().hex[:12]  # episode ids unique to this policy object
         self._episodes = 0
@@ -141,7 +323,8 @@ class RemotePolicy:
         record = {**step.record, "choices": [CostChoice(**c) for c in step.record.get("choices", [])]}
         return step.actions, StepRecord(**record)
 
-    def end_episode(self, success: bool) -> None:
+    def end_episode(self, success: bool | None) -> None:
+        """Close the server episode; `success` None closes it without teaching the adaptive skips."""
         if self._episode is not None and not self._fresh:
             self.client.end(self._episode, success)
         self._episode = None

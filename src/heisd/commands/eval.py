@@ -22,8 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True,
                    help="output directory (an interrupted run resumes from it; other settings are refused)")
     p.add_argument("--server", default=None, metavar="URL",
-                   help="run the policy on a `heisd serve` at URL (its target and method flags apply, "
-                        "not the local ones); latency_ms is then the server's step time")
+                   help="run the policy on a `heisd serve` at URL (http://: REST, ws://: openpi's websocket; its "
+                        "target and method flags apply, not the local ones); latency_ms is then the server's step time")
     p.add_argument("--persist-thresholds", action="store_true",
                    help="after the last episode, merge the online-adapted skip thresholds into the datastore's "
                         "manifest (by default they stay in --out and the datastore is only read)")
@@ -47,11 +47,14 @@ def run(args: argparse.Namespace) -> int:
 
     tasks = resolve_tasks(args.benchmark, args.tasks)
     if args.server:
-        from heisd.client import PolicyClient, RemotePolicy, ServerUnreachable
+        from heisd.client import RemotePolicy, ServerUnreachable, connect
 
         if args.persist_thresholds:
             raise UsageError("--persist-thresholds: with --server the skip thresholds adapt on the server")
-        client = PolicyClient(args.server)
+        try:
+            client = connect(args.server)
+        except ValueError as err:
+            raise UsageError(f"--server: {err}") from None
         try:
             info = client.info()
         except ServerUnreachable as err:

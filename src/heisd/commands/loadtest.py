@@ -6,8 +6,8 @@ import argparse
 import json
 
 LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
-HELP = ("Load-test a running `heisd serve` on loopback: throughput, p50/p99 latency, queueing, errors, "
-        "session mix-ups, and the server's overhead over in-process decoding.")
+HELP = ("Load-test a running `heisd serve` on loopback over REST and/or openpi's websocket: throughput, "
+        "p50/p90/p99 latency, queueing, errors, session mix-ups, and the server's overhead over in-process decoding.")
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
@@ -19,6 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the server, on this machine (e.g. http://127.0.0.1:8000); its target and method "
                         "are read from /info and loaded here for the in-process reference")
     p.add_argument("--demos", nargs="+", required=True, help="demonstration HDF5 files whose episodes clients replay")
+    p.add_argument("--protocol", default="served", choices=["served", "rest", "openpi"],
+                   help="which protocol's clients to measure: rest (POST /act), openpi (the websocket at ws://HOST:PORT), "
+                        "or every one the server serves (its /info 'protocols'); with both, the one-client pass "
+                        "alternates them step by step")
     p.add_argument("--clients", type=int, default=LoadConfig.clients, help="concurrent clients")
     p.add_argument("--requests", type=int, default=LoadConfig.requests, help="requests per client")
     p.add_argument("--time-limit", type=float, default=LoadConfig.time_limit_s,
@@ -57,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
         info = PolicyClient(args.server).info()
     except ServerUnreachable as err:
         raise SystemExit(f"--server: {err}") from None
+    served = info.get("protocols", ["rest"])
+    protocols = served if args.protocol == "served" else [args.protocol]
+    if not set(protocols) <= set(served):
+        raise SystemExit(f"--protocol {args.protocol}: the server serves {', '.join(served)} (serve --protocol)")
+    base = args.server.rstrip("/")
+    urls = {name: base if name == "rest" else "ws" + base.removeprefix("http") for name in protocols}
     target = info["target"]
     vla = load_target(target["path"])
     if vla.fingerprint() != target["fingerprint"]:
@@ -69,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         with DemoFile(path) as f:
             episodes += list(f)
     report = {"server": args.server, "method": info["method"], "target": target["path"], "demos": args.demos,
-              **run_loadtest(args.server, policy, vla.spec.chunk, episodes, cfg)}
+              "protocols": protocols, "torch_threads": torch.get_num_threads(),
+              **run_loadtest(urls, policy, vla.spec.chunk, episodes, cfg)}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -50,6 +50,7 @@ COMMANDS = {
     "project": "project",
     "serve": "serve",
     "loadtest": "loadtest",
+    "robot": "robot",
 }
 
 

@@ -1,10 +1,13 @@
-"""`heisd serve`: the policy behind HTTP, for robots and OpenVLA deploy.py-style clients."""
+"""`heisd serve`: the policy behind HTTP (OpenVLA deploy.py-style clients) and openpi's websocket
+protocol (openpi-client's WebsocketClientPolicy), for robots."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "Serve a policy over HTTP: OpenVLA-compatible POST /act with HeiSD episodes, /info, /metrics."
+HELP = ("Serve a policy: OpenVLA-compatible POST /act with HeiSD episodes (REST) and/or openpi's websocket "
+        "protocol; /healthz, /info, /metrics.")
+PROTOCOLS = {"rest": ("rest",), "openpi": ("openpi",), "both": ("rest", "openpi")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,6 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "suite its --unnorm-key names, else no benchmark)"))
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the URL is printed)")
+    p.add_argument("--protocol", default="rest", choices=list(PROTOCOLS),
+                   help="rest: POST /act and /end (JSON, OpenVLA deploy.py's format plus HeiSD's fields); "
+                        "openpi: openpi's websocket protocol on ws://HOST:PORT (msgpack-numpy, metadata on connect; "
+                        "openpi-client's WebsocketClientPolicy works unchanged); both: the two on one port, "
+                        "sharing episodes' limits, queue and model worker")
     p.add_argument("--queue-size", type=int, default=ServeConfig.queue_size,
                    help="requests waiting for the model worker; one more is answered 503")
     p.add_argument("--max-sessions", type=int, default=SessionLimits.max_sessions,
@@ -56,9 +64,12 @@ def run(args: argparse.Namespace) -> int:
     service, info = make_service(load_target(args), method, config, args.target, args.benchmark)
     sock = listen(args.host, args.port)
     # one line a supervisor (or `heisd loadtest`) can read the URL from
-    print(f"heisd serve: {method.label} on {url_of(sock)}", flush=True)
+    protocols = PROTOCOLS[args.protocol]
+    url = url_of(sock)
+    urls = ([url] if "rest" in protocols else []) + (["ws" + url.removeprefix("http")] if "openpi" in protocols else [])
+    print(f"heisd serve: {method.label} on {' and '.join(urls)}", flush=True)
     try:
-        uvicorn_server(service, info, args.log_level).run(sockets=[sock])
+        uvicorn_server(service, info, args.log_level, protocols).run(sockets=[sock])
     finally:
         sock.close()
     return 0

@@ -1,4 +1,4 @@
-"""Load test of a running `heisd serve` on this machine.
+"""Load test of a running `heisd serve` on this machine, over REST, openpi's websocket, or both.
 
 Each client replays demonstration episodes as its own server episode (frames every `chunk`
 steps, the end-effector positions in between as `ee_pos`, as `heisd replay` does). The same
@@ -6,9 +6,19 @@ steps are first decoded in process with the server's target and method: that giv
 in-process latency the server's overhead is measured against, and the tokens every served
 step must reproduce, so a lost or mixed-up session shows as a mismatch.
 
-Three passes: every client's steps in process; one client alone, each step decoded in process
-and then served (paired, so the overhead is not blurred by the shared machine's drift);
-`clients` at once (throughput, queueing). Bounded by `requests` per client and `time_limit_s`.
+Passes: every client's steps in process; one client alone, each step decoded in process and then
+served over each protocol, in turn and in alternating order (paired, so the overhead is not
+blurred by the shared machine's drift, nor biased toward the protocol served first); `clients`
+at once per protocol (throughput, queueing). Bounded by `requests` per client and `time_limit_s`.
+
+Token checks: the default cost switch picks each step's mode from measured timings, and the default
+cost fallback picks what finishes a rejected retrieval step (AR, Jacobi or the drafter) the same
+way, so a served step may choose otherwise than in process (then its tokens may differ, and so
+may later steps' inputs such as the previous action). A served step counts as `different_mode`
+when its mode differs, as `different_choice` when the mode is the same but a cost rule chose
+another option (the step record's `choices`), and as `mismatched` when mode and choices are the
+same and the tokens are not: a real mismatch. With no timing-driven choice (`--switch threshold`
+and a fixed `--retrieval-fallback`) all three must be 0.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from heisd.client import PolicyClient, ServerError, ServerUnreachable
+from heisd.client import ServerError, ServerUnreachable, connect
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,22 @@ class Outcome:
     rtt_ms: float = float("nan")  # client-side round trip
     timing_ms: dict | None = None  # Server-Timing: queue, step, total
     tokens: list[int] | None = None
+    mode: str | None = None  # the decoding mode the served step ran
+    choices: list | None = None  # the cost rules' (rule, option) choices of the served step
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A step decoded in process: what the served step is compared with."""
+
+    tokens: list[int]
+    mode: str
+    choices: list  # (rule, option) of each cost-rule choice (fallback, drafter tree) of the step
+
+
+def _choices(record_choices) -> list:
+    """A step record's cost-rule choices as (rule, option) pairs (CostChoice objects or their dicts)."""
+    return [(c["rule"], c["option"]) if isinstance(c, dict) else (c.rule, c.option) for c in record_choices]
 
 
 def plan(episodes: list, clients: int, requests: int, stride: int) -> list[list[PlannedStep]]:
@@ -71,28 +97,29 @@ def plan(episodes: list, clients: int, requests: int, stride: int) -> list[list[
     return plans
 
 
-def in_process(policy, plans: list[list[PlannedStep]]) -> tuple[list[list[list[int]]], list[float]]:
-    """Every client's steps decoded by one local policy: (tokens per client and step, latencies ms)."""
-    tokens, latencies = [], []
+def in_process(policy, plans: list[list[PlannedStep]]) -> tuple[list[list[Expected]], list[float]]:
+    """Every client's steps decoded by one local policy: (tokens and mode per client and step, latencies ms)."""
+    expected, latencies = [], []
     for steps in plans:
-        tokens.append([])
+        expected.append([])
         for s in steps:
             if s.reset:
                 policy.reset(s.instruction, s.task)
             _, record = policy.act(s.image, s.state, s.ee_pos)
-            tokens[-1].append(record.tokens)
+            expected[-1].append(Expected(record.tokens, record.mode, _choices(record.choices)))
             latencies.append(record.latency_ms)
-    return tokens, latencies
+    return expected, latencies
 
 
 def drive(url: str, plans: list[list[PlannedStep]], tag: str, time_limit_s: float) -> tuple[list[Outcome], float]:
-    """One thread per client, all started together -> (outcomes of the requests sent, wall seconds)."""
+    """One thread per client, all started together -> (outcomes of the requests sent, wall seconds).
+    `url`: http:// for REST, ws:// for openpi's websocket."""
     outcomes: list[list[Outcome]] = [[] for _ in plans]
     go = threading.Barrier(len(plans) + 1)
     deadline: list[float] = []
 
     def client_loop(c: int) -> None:
-        client = PolicyClient(url, connect_retries=0)
+        client = connect(url, connect_retries=0)
         episode = f"{tag}-{c}"
         go.wait()
         for i, s in enumerate(plans[c]):
@@ -103,7 +130,9 @@ def drive(url: str, plans: list[list[PlannedStep]], tag: str, time_limit_s: floa
             try:
                 step = client.act(s.image, s.instruction, proprio=s.state, ee_pos=s.ee_pos, episode_id=episode,
                                   reset=s.reset, task=s.task)
-                out.status, out.timing_ms, out.tokens = 200, step.timing_ms, step.record["tokens"]
+                out.status, out.timing_ms = 200, step.timing_ms
+                out.tokens, out.mode = step.record["tokens"], step.record["mode"]
+                out.choices = _choices(step.record["choices"])
             except ServerError as err:
                 out.status = err.status
             except ServerUnreachable:
@@ -131,8 +160,25 @@ def _pct(values, q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if len(values) else None
 
 
-def summarize_pass(outcomes: list[Outcome], wall_s: float, expected: list[list[list[int]]],
-                   planned: int) -> dict:
+def _spread(values) -> dict:
+    return {"p50": _pct(values, 50), "p90": _pct(values, 90), "p99": _pct(values, 99)}
+
+
+def _checks(served: list[tuple[list[int], str, list]], expected: list[Expected]) -> dict:
+    """Served (tokens, mode, choices) against the in-process steps: token mismatches apart from
+    timing-driven choices."""
+    counts = {"mismatched": 0, "different_mode": 0, "different_choice": 0}
+    for (tokens, mode, choices), e in zip(served, expected):
+        if mode != e.mode:
+            counts["different_mode"] += 1
+        elif choices != e.choices:
+            counts["different_choice"] += 1
+        elif tokens != e.tokens:
+            counts["mismatched"] += 1
+    return counts
+
+
+def summarize_pass(outcomes: list[Outcome], wall_s: float, expected: list[list[Expected]], planned: int) -> dict:
     ok = [o for o in outcomes if o.status == 200]
     timing = lambda key: [o.timing_ms[key] for o in ok]  # noqa: E731
     rtt = [o.rtt_ms for o in ok]
@@ -143,56 +189,75 @@ def summarize_pass(outcomes: list[Outcome], wall_s: float, expected: list[list[l
             errors[str(o.status)] = errors.get(str(o.status), 0) + 1
     return {
         "requests_planned": planned, "requests_sent": len(outcomes), "ok": len(ok), "errors": errors,
-        "mismatched": sum(o.tokens != expected[o.client][o.index] for o in ok),
+        **_checks([(o.tokens, o.mode, o.choices) for o in ok], [expected[o.client][o.index] for o in ok]),
         "wall_s": round(wall_s, 3), "throughput_rps": round(len(ok) / wall_s, 3) if wall_s > 0 else None,
-        "rtt_ms": {"p50": _pct(rtt, 50), "p99": _pct(rtt, 99)},
-        "queue_ms": {"p50": _pct(timing("queue"), 50), "p99": _pct(timing("queue"), 99)},
-        "step_ms": {"p50": _pct(timing("step"), 50), "p99": _pct(timing("step"), 99)},
-        "overhead_ms": {"p50": _pct(overhead, 50), "p99": _pct(overhead, 99)},
+        "rtt_ms": _spread(rtt), "queue_ms": _spread(timing("queue")), "step_ms": _spread(timing("step")),
+        "overhead_ms": _spread(overhead),
     }
 
 
-def paired(url: str, policy, steps: list[PlannedStep], expected: list[list[int]]) -> dict:
-    """One client, each step decoded in process and then through the server, in turn."""
-    client = PolicyClient(url, connect_retries=0)
-    local, rtt, server_total, step_ms, mismatched = [], [], [], [], 0
-    for s in steps:
+def paired(urls: dict[str, str], policy, steps: list[PlannedStep]) -> dict:
+    """One client per protocol (`urls`: name -> URL): each step decoded in process, then served over
+    every protocol, the order of the protocols alternating from step to step. Served steps are
+    checked against this pass's in-process steps."""
+    clients = {name: connect(url, connect_retries=0) for name, url in urls.items()}
+    names = list(clients)
+    local: list[float] = []
+    expected: list[Expected] = []
+    got = {name: {"rtt": [], "step": [], "total": [], "served": []} for name in names}
+    for i, s in enumerate(steps):
         if s.reset:
             policy.reset(s.instruction, s.task)
-        _, record = policy.act(s.image, s.state, s.ee_pos)
         t0 = time.perf_counter()
-        served = client.act(s.image, s.instruction, proprio=s.state, ee_pos=s.ee_pos, episode_id="paired",
-                            reset=s.reset, task=s.task)
-        rtt.append((time.perf_counter() - t0) * 1e3)
-        local.append(record.latency_ms)
-        server_total.append(served.timing_ms["total"])
-        step_ms.append(served.timing_ms["step"])
-        mismatched += served.record["tokens"] != expected[len(local) - 1]
-    client.end("paired", success=None)
-    client.close()
-    local, rtt = np.asarray(local), np.asarray(rtt)
-    return {
-        "requests": len(rtt), "mismatched": mismatched,
-        "in_process_ms": {"p50": _pct(local, 50), "p99": _pct(local, 99)},
-        "rtt_ms": {"p50": _pct(rtt, 50), "p99": _pct(rtt, 99)},
-        # what serving adds to a step: p50 latency through the server minus p50 in-process latency
-        "server_overhead_ms": round(float(np.median(rtt) - np.median(local)), 3),
-        "paired_overhead_ms": {"p50": _pct(rtt - local, 50), "p99": _pct(rtt - local, 99)},
-        # inside the server: body read + decode + queue hand-offs + encode (the step itself excluded)
-        "in_server_ms": {"p50": _pct(np.subtract(server_total, step_ms), 50),
-                         "p99": _pct(np.subtract(server_total, step_ms), 99)},
-    }
+        _, record = policy.act(s.image, s.state, s.ee_pos)
+        local.append((time.perf_counter() - t0) * 1e3)
+        expected.append(Expected(record.tokens, record.mode, _choices(record.choices)))
+        for name in names if i % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            step = clients[name].act(s.image, s.instruction, proprio=s.state, ee_pos=s.ee_pos,
+                                     episode_id=f"paired-{name}", reset=s.reset, task=s.task)
+            g = got[name]
+            g["rtt"].append((time.perf_counter() - t0) * 1e3)
+            g["step"].append(step.timing_ms["step"])
+            g["total"].append(step.timing_ms["total"])
+            g["served"].append((step.record["tokens"], step.record["mode"], _choices(step.record["choices"])))
+    report = {"requests": len(local), "in_process_ms": _spread(local)}
+    for name, client in clients.items():
+        client.end(f"paired-{name}", success=None)
+        client.close()
+        g = {k: np.asarray(v) for k, v in got[name].items() if k != "served"}
+        same = np.array([(mode, choices) == (e.mode, e.choices)
+                         for (_, mode, choices), e in zip(got[name]["served"], expected)], dtype=bool)
+        report[name] = {
+            **_checks(got[name]["served"], expected),
+            "rtt_ms": _spread(g["rtt"]),
+            # what serving adds to a step: each served step's round trip minus the same step in process
+            "added_ms": _spread(g["rtt"] - np.asarray(local)),
+            # the same over the steps that made the same timing-driven choices in both (mode, fallback,
+            # tree): a step that ran AR where the other ran Jacobi differs by more than the serving
+            "added_ms_same_choices": _spread((g["rtt"] - np.asarray(local))[same]),
+            # round trip minus the server's own run of the model step: all the serving costs, free of
+            # the step-to-step difference between two decodes of one step
+            "outside_step_ms": _spread(g["rtt"] - g["step"]),
+            # inside the server: frame or body read -> reply ready, the model step excluded
+            "in_server_ms": _spread(g["total"] - g["step"]),
+        }
+    return report
 
 
-def run_loadtest(url: str, policy, stride: int, episodes: list, cfg: LoadConfig) -> dict:
-    """`policy`: a local VLAPolicy with the server's target and method (the in-process reference)."""
+def run_loadtest(urls: dict[str, str], policy, stride: int, episodes: list, cfg: LoadConfig) -> dict:
+    """`urls`: protocol name -> server URL; `policy`: a local VLAPolicy with the server's target and
+    method (the in-process reference)."""
     plans = plan(episodes, cfg.clients, cfg.requests, stride)
     expected, local_ms = in_process(policy, plans)
-    alone = paired(url, policy, plans[0], expected[0])
-    loaded, loaded_s = drive(url, plans, "load", cfg.time_limit_s)
+    alone = paired(urls, policy, plans[0])
+    concurrent = {}
+    for name, url in urls.items():
+        loaded, loaded_s = drive(url, plans, f"load-{name}", cfg.time_limit_s)
+        concurrent[name] = summarize_pass(loaded, loaded_s, expected, sum(map(len, plans)))
     return {
         "config": asdict(cfg),
-        "in_process_ms": {"p50": _pct(local_ms, 50), "p99": _pct(local_ms, 99)},
+        "in_process_ms": _spread(local_ms),
         "one_client": alone,
-        "concurrent": summarize_pass(loaded, loaded_s, expected, sum(map(len, plans))),
+        "concurrent": concurrent,
     }

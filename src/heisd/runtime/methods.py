@@ -26,6 +26,7 @@ from heisd.retrieval.config import RetrievalConfig
 
 if TYPE_CHECKING:
     from heisd.decoding import SpeculativeDecoder
+    from heisd.drafter import Drafter
     from heisd.kinematics import Switch
     from heisd.retrieval.proposer import RetrievalProposer
 
@@ -132,24 +133,28 @@ class Decoders:
     by_mode: dict[str, SpeculativeDecoder]  # mode name -> its decoder
     switch: Switch | None  # heisd's mode chooser, else None (single mode)
     retrieval: RetrievalProposer | None  # for skip-threshold updates
+    drafter: Drafter | None = None  # the Drafter module the proposers run (shareable: it keeps no state)
 
     @property
     def fixed_mode(self) -> str | None:
         return next(iter(self.by_mode)) if self.switch is None else None
 
 
-def build_decoders(cfg: MethodConfig, target, datastore=None) -> Decoders:
+def build_decoders(cfg: MethodConfig, target, datastore=None, drafter=None) -> Decoders:
     """The method's decoders and, for heisd, its kinematic switch. `datastore`: an opened
-    `cfg.datastore` (else it is opened here)."""
-    by_mode, retrieval = mode_decoders(cfg, target, datastore)
-    if cfg.method != "heisd":
-        return Decoders(by_mode, None, retrieval)
-    return Decoders(by_mode, _switch(cfg, retrieval.datastore, target.spec.n_action_tokens), retrieval)
+    `cfg.datastore` (else it is opened here); `drafter`: a loaded `cfg.drafter` (else it is loaded
+    here). Both may be shared by many policies: neither keeps per-episode state."""
+    if cfg.drafter and drafter is None:
+        drafter = load_drafter(cfg, target)
+    by_mode, retrieval = mode_decoders(cfg, target, datastore, drafter)
+    switch = _switch(cfg, retrieval.datastore, target.spec.n_action_tokens) if cfg.method == "heisd" else None
+    return Decoders(by_mode, switch, retrieval, drafter)
 
 
-def mode_decoders(cfg: MethodConfig, target, datastore=None) -> tuple[dict, object | None]:
+def mode_decoders(cfg: MethodConfig, target, datastore=None, drafter=None) -> tuple[dict, object | None]:
     """({mode: SpeculativeDecoder}, the RetrievalProposer or None): every decoder a method runs,
-    built one way for eval, replay, bench and calibrate, so what is calibrated is what runs."""
+    built one way for eval, replay, bench and calibrate, so what is calibrated is what runs.
+    `drafter`: the loaded Drafter module of `cfg.drafter` (None: loaded here)."""
     from heisd.decoding import (DecodeConfig, ExactAcceptance, JacobiProposer, SpeculativeDecoder,
                                 TokenRelaxedAcceptance, Verifier)
     from heisd.decoding.fallback import CostFallback
@@ -157,7 +162,7 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None) -> tuple[dict, obje
     verifier = Verifier(target.llm)
     spec = target.spec
     dcfg = DecodeConfig(n_tokens=spec.n_action_tokens, vocab_size=spec.vocab_size, n_bins=spec.n_bins)
-    drafter = _drafter_proposer(cfg, target) if cfg.drafter else None
+    drafter = _drafter_proposer(cfg, drafter or load_drafter(cfg, target)) if cfg.drafter else None
     if cfg.method == "ar":
         return {"drafter": SpeculativeDecoder(verifier, dcfg)}, None
     if cfg.method == "jacobi":
@@ -179,11 +184,18 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None) -> tuple[dict, obje
     return by_mode, retrieval
 
 
-def _drafter_proposer(cfg: MethodConfig, target):
-    from heisd.drafter import Drafter, DrafterProposer, DrafterTarget
+def load_drafter(cfg: MethodConfig, target):
+    """The Drafter module of `cfg.drafter`, read-only (eval mode, no gradients): one copy can serve
+    every policy of a process, each with its own `DrafterProposer` (the per-step state)."""
+    from heisd.drafter import Drafter, DrafterTarget
 
     drafter = Drafter.from_pretrained(Path(cfg.drafter), DrafterTarget.from_target(target))
-    drafter.eval()
+    return drafter.eval().requires_grad_(False)
+
+
+def _drafter_proposer(cfg: MethodConfig, drafter):
+    from heisd.drafter import DrafterProposer
+
     return DrafterProposer(drafter, TreeConfig(cfg.tree_topk, cfg.tree_depth, cfg.tree_budget),
                            choose_tree=cfg.drafter_tree == "cost")
 

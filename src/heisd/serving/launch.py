@@ -20,12 +20,12 @@ def make_service(target, method, config: ServeConfig, target_path: str,
     """A service for `target` decoded with `method` (a MethodConfig), and its /info document.
 
     `benchmark` (whose tasks requests may name) must be one the target can act in; None: the
-    target's own (`target_benchmark`). One policy is built here, so a wrong drafter or datastore
-    fails at start-up, not at the first request; it becomes the first pooled policy. Later
-    policies share its datastore (one index in memory, queried only by the model worker)."""
+    target's own (`target_benchmark`). Policies come from a `PolicyPool`: the first is built here,
+    so a wrong drafter or datastore fails at start-up, not at the first request; later ones share
+    its datastore and drafter module read-only, each with its own per-episode state. Only the
+    model worker runs them, one step at a time."""
     from heisd.benchmarks.registry import check_target, task_instructions
-    from heisd.runtime.methods import build_decoders
-    from heisd.runtime.policy import VLAPolicy
+    from heisd.runtime.policy import PolicyPool
 
     if benchmark is None:
         benchmark = target_benchmark(target)
@@ -34,15 +34,9 @@ def make_service(target, method, config: ServeConfig, target_path: str,
     tasks = {} if benchmark is None else task_instructions(benchmark)
     keys, codecs = _unnorm_keys(target, benchmark)
     facts = TargetFacts(target.spec.state_dim, keys, tasks, codecs)
-    first = VLAPolicy(target, build_decoders(method, target))
-    datastore = None if first.decoders.retrieval is None else first.decoders.retrieval.datastore
-
-    def make_policy() -> VLAPolicy:
-        return VLAPolicy(target, build_decoders(method, target, datastore))
-
-    service = PolicyService(make_policy, facts, config)
-    service.sessions.give_back(first)
-    return service, _info(target, method, first, facts, config, target_path, benchmark)
+    pool = PolicyPool(target, method)
+    service = PolicyService(pool.make, facts, config)
+    return service, _info(target, method, pool.first, facts, config, target_path, benchmark)
 
 
 def target_benchmark(target) -> str | None:
@@ -121,17 +115,28 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def uvicorn_server(service: PolicyService, info: dict, log_level: str = "warning") -> uvicorn.Server:
-    return uvicorn.Server(uvicorn.Config(create_app(service, info), log_level=log_level, access_log=False))
+def uvicorn_server(service: PolicyService, info: dict, log_level: str = "warning",
+                   protocols: tuple[str, ...] = ("rest",)) -> uvicorn.Server:
+    app = create_app(service, {**info, "protocols": list(protocols)}, protocols)
+    websockets = "openpi" in protocols
+    return uvicorn.Server(uvicorn.Config(
+        app, log_level=log_level, access_log=False,
+        http="httptools", loop="uvloop",  # C parser and loop: less time per request than h11 and asyncio
+        ws="websockets-sansio" if websockets else "none",
+        ws_max_size=service.config.max_body_bytes,  # a larger frame is closed with 1009
+        ws_per_message_deflate=False,  # openpi's clients ask for no compression; images gain little from it
+    ))
 
 
 class ServerThread:
     """A uvicorn server on its own thread of this process, e.g. inside a test or a notebook."""
 
-    def __init__(self, service: PolicyService, info: dict, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, service: PolicyService, info: dict, host: str = "127.0.0.1", port: int = 0,
+                 protocols: tuple[str, ...] = ("rest",)):
         self.service, self.sock = service, listen(host, port)
         self.url = url_of(self.sock)
-        self.server = uvicorn_server(service, info)
+        self.ws_url = "ws" + self.url.removeprefix("http")
+        self.server = uvicorn_server(service, info, protocols=protocols)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> "ServerThread":

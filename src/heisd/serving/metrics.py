@@ -17,12 +17,15 @@ class ServerMetrics:
 
     def __init__(self, queue_depth: Callable[[], int], open_episodes: Callable[[], int]):
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("heisd_requests", "HTTP requests by path and status", ["path", "status"], registry=r)
+        self.requests = Counter("heisd_requests", "requests by path and status (openpi's websocket messages: ws)",
+                                ["path", "status"], registry=r)
         self.errors = Counter("heisd_errors", "requests answered 4xx/5xx, by path and status",
                               ["path", "status"], registry=r)
-        self.request_latency = Histogram("heisd_request_latency_seconds", "/act: body read to reply ready",
+        self.request_latency = Histogram("heisd_request_latency_seconds",
+                                         "/act and websocket steps: request read to reply ready",
                                          buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_wait = Histogram("heisd_queue_wait_seconds", "/act: time waiting for the model worker",
+        self.queue_wait = Histogram("heisd_queue_wait_seconds",
+                                    "/act and websocket steps: time waiting for the model worker",
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.step_latency = Histogram("heisd_step_latency_seconds", "policy step (observation in -> action out)",
                                       buckets=LATENCY_BUCKETS, registry=r)

@@ -3,6 +3,7 @@ worker inside its episode, end episodes. `app.py` maps this onto routes and stat
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -12,7 +13,7 @@ from heisd.serving.config import ServeConfig
 from heisd.serving.sessions import SessionStore
 from heisd.targets.base import ActionCodec, resolve_unnorm_key
 from heisd.serving.wire import ActRequest, WireError
-from heisd.serving.worker import ModelWorker
+from heisd.serving.worker import Done, ModelWorker
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,16 @@ class PolicyService:
                 raise WireError(422, f"task: unknown {req.task!r}; known: {known}")
             return req.task, key
         return self._task_of.get(req.instruction), key
+
+    async def act(self, req: ActRequest) -> Done:
+        """Check `req`, then run its step on the model worker (awaited from the event loop; every
+        protocol's requests go through here). -> Done whose value is (actions, StepRecord)."""
+        task, unnorm_key = self.check(req)
+        return await asyncio.wrap_future(self.worker.submit(lambda: self.step(req, task, unnorm_key)))
+
+    async def end_episode(self, episode_id: str, success: bool | None) -> int:
+        done = await asyncio.wrap_future(self.worker.submit(lambda: self.end(episode_id, success)))
+        return done.value
 
     def step(self, req: ActRequest, task: str | None, unnorm_key: str | None = None) -> tuple[np.ndarray, Any]:
         """One control step; runs on the model worker. -> (actions [chunk, action_dim], StepRecord).

@@ -1,0 +1,1 @@
+"""Robot-side integrations: a LeRobot policy adapter, the AgileX PIPER control loop."""
