@@ -6,6 +6,7 @@ from heisd.kinematics.metric import (
     KinematicStats,
     TrajectoryTracker,
     curvature_radius,
+    fit_delta_scale,
     fused_metric,
     path_length,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "TrajectoryTracker",
     "calibrate_threshold",
     "curvature_radius",
+    "fit_delta_scale",
     "fused_metric",
     "path_length",
 ]

@@ -145,6 +145,19 @@ def fused_metric(points: np.ndarray, stats: KinematicStats, config: KinematicCon
     return config.alpha * norm_r + (1.0 - config.alpha) * norm_d
 
 
+def fit_delta_scale(trajectories: Sequence[np.ndarray], actions: Sequence[np.ndarray]) -> float | None:
+    """Metres the end effector moves per unit of an action's first three values, fitted (least
+    squares through the origin) over demonstrations: `trajectories[i]` [T, 3] positions and
+    `actions[i]` [T, >=3] the actions executed there (step t moves t -> t+1). What a tracker
+    integrates when a client sends no position; None when the actions never move (no fit)."""
+    num = den = 0.0
+    for ee, act in zip(trajectories, actions, strict=True):
+        moved, commanded = np.diff(np.asarray(ee, np.float64)[:, :3], axis=0), np.asarray(act, np.float64)[:-1, :3]
+        num += float((moved * commanded).sum())
+        den += float((commanded * commanded).sum())
+    return num / den if den > 0 and num > 0 else None
+
+
 class TrajectoryTracker:
     """End-effector positions of the current episode, last `config.window` kept.
 

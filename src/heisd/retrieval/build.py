@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.errors import InputError
-from heisd.kinematics import KinematicConfig, KinematicStats
+from heisd.kinematics import KinematicConfig, KinematicStats, fit_delta_scale
 from heisd.retrieval.datastore import Datastore, DatastoreWriter
 from heisd.retrieval.index import IndexConfig, IndexKind
 from heisd.retrieval.manifest import DATASTORE, read_manifest, sha256_file
@@ -34,6 +34,7 @@ from heisd.targets.rollout import rollout_frames
 from heisd.targets.vla.frames import chunk_targets
 
 KINEMATIC_STATS_KEY = "kinematic_stats"  # extras: KinematicStats.to_dict() over the demonstrations
+DELTA_SCALE_KEY = "delta_scale"  # extras: metres per unit action (`fit_delta_scale`), for clients sending no position
 LAYOUT_KEY = "action_layout"  # extras: action_dim, chunk, vocab_size, n_bins of the target
 BUILD_KEY = "build"  # extras: the build summary, with the identity of every demonstration file read
 
@@ -106,6 +107,7 @@ def build_datastore(
         index_config=IndexConfig(kind=config.index),
     )
     trajectories, episodes, dropped, start = [], 0, 0, time.perf_counter()
+    executed: list[np.ndarray] = []  # the expert's actions beside each trajectory
     # per file: who acted and its entries' episode ids [first, end): an entry's source is its episode's
     sources: list[dict[str, Any]] = []
     total, invalid = 0, 0
@@ -150,6 +152,7 @@ def build_datastore(
                         )
                     if source != "target":
                         trajectories.append(ep.ee_pos)
+                        executed.append(ep.actions)
                     episodes += 1
                     tally["episodes"][1], tally["frames"] = episodes, tally["frames"] + len(ep)
                     bar.set_postfix(frames=len(writer))
@@ -174,6 +177,7 @@ def build_datastore(
     }
     extras = {
         KINEMATIC_STATS_KEY: KinematicStats.fit(trajectories, kinematic).to_dict(),
+        DELTA_SCALE_KEY: fit_delta_scale(trajectories, executed),
         "kinematic_config": asdict(kinematic),
         LAYOUT_KEY: {
             "action_dim": spec.action_dim,

@@ -134,6 +134,9 @@ class Decoders:
     switch: Switch | None  # heisd's mode chooser, else None (single mode)
     retrieval: RetrievalProposer | None  # for skip-threshold updates
     drafter: Drafter | None = None  # the Drafter module the proposers run (shareable: it keeps no state)
+    # metres per unit of an action's first three values, fitted on the datastore's demonstrations:
+    # the switch integrates the emitted actions where no end-effector position arrives (None: it cannot)
+    delta_scale: float | None = None
 
     @property
     def fixed_mode(self) -> str | None:
@@ -148,7 +151,8 @@ def build_decoders(cfg: MethodConfig, target, datastore=None, drafter=None) -> D
         drafter = load_drafter(cfg, target)
     by_mode, retrieval = mode_decoders(cfg, target, datastore, drafter)
     switch = _switch(cfg, retrieval.datastore, target.spec.n_action_tokens) if cfg.method == "heisd" else None
-    return Decoders(by_mode, switch, retrieval, drafter)
+    delta_scale = retrieval.datastore.extras.get("delta_scale") if switch is not None else None
+    return Decoders(by_mode, switch, retrieval, drafter, delta_scale)
 
 
 def mode_decoders(cfg: MethodConfig, target, datastore=None, drafter=None) -> tuple[dict, object | None]:

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from heisd.errors import NonFiniteError
+from heisd.errors import InputError, NonFiniteError
 from heisd.kinematics import TrajectoryTracker
 from heisd.runtime.methods import Decoders, MethodConfig, build_decoders
 from heisd.targets import Target
@@ -26,6 +26,9 @@ class StepRecord:
     breakdown_ms: dict[str, float]  # vision, prefill, retrieval, draft, verify, other
     target_forwards: int  # prefill included
     tokens_per_forward: float  # action tokens per target forward (a step with none counts n)
+    # where the kinematic window's positions came from: "ee_pos" (given), "state" (its first three
+    # values), "integrated" (the emitted delta actions, `Decoders.delta_scale`), None (no switch)
+    ee_source: str | None
     accepted: list[int]  # accepted draft tokens per verify pass
     draft_depths: list[int]  # depth of the tree each verify pass checked (0: a plain AR pass)
     skipped: bool  # retrieval draft accepted with no verify pass
@@ -53,17 +56,19 @@ class VLAPolicy:
     _tracker: TrajectoryTracker | None = field(default=None, repr=False)
     _previous: list[int] | None = field(default=None, repr=False)  # the last step's action tokens
     _step: int = field(default=0, repr=False)  # control steps of this episode so far (names a failing one)
+    _emitted: np.ndarray | None = field(default=None, repr=False)  # the last step's actions [chunk, action_dim]
 
     def reset(self, instruction: str, task: str | None = None) -> None:
         """New episode: encode the prompt once, forget per-episode decoder state."""
         self.instruction, self.task = instruction, task
         self._prompt = self.target.encode_prompt(instruction)
         self._previous = None
+        self._emitted = None
         self._step = 0
         for decoder in self.decoders.by_mode.values():
             decoder.reset()
         switch = self.decoders.switch
-        self._tracker = switch.make_tracker() if switch is not None else None
+        self._tracker = switch.make_tracker(self.decoders.delta_scale) if switch is not None else None
 
     def end_episode(self, success: bool | None) -> None:
         """Adaptive verify-skip learns from task outcomes (docs/design.md §2.5), in memory; None
@@ -92,8 +97,7 @@ class VLAPolicy:
         if self._prompt is None:
             raise RuntimeError("call reset(instruction) before act()")
         t0 = time.perf_counter()
-        path = np.asarray(ee_path if ee_path is not None else state[:3], dtype=np.float64).reshape(-1, 3)
-        mode, metric, expected = self._mode(path)
+        mode, metric, expected, ee_source = self._mode(ee_path, state)
         switch = self.decoders.switch
         image = np.ascontiguousarray(image)
         if not image.flags.writeable:  # e.g. a frame decoded from a request: torch wants its own buffer
@@ -115,6 +119,7 @@ class VLAPolicy:
         if switch is not None:
             switch.observe(mode, metric, result)
         actions = self.target.action_tokenizer.decode(np.asarray(result.tokens).reshape(spec.chunk, spec.action_dim))
+        self._emitted = actions  # integrated next step if no position comes then (the chunk is executed)
         t2 = time.perf_counter()
         # retrieval's query time is part of the loop's draft time: report it on its own
         retrieval_ms = getattr(result.proposer_stats, "retrieval_ms", 0.0)
@@ -132,19 +137,40 @@ class VLAPolicy:
             tokens=list(result.tokens), latency_ms=(t2 - t0) * 1e3, breakdown_ms=breakdown,
             target_forwards=result.target_forwards, tokens_per_forward=result.tokens_per_forward,
             accepted=list(result.accepted_lengths), draft_depths=list(result.draft_depths),
-            skipped=result.skipped_tokens > 0, mode=mode, metric=metric, deviation=result.deviation,
+            ee_source=ee_source, skipped=result.skipped_tokens > 0, mode=mode, metric=metric,
+            deviation=result.deviation,
             decode_ms=timing.prefill_ms + timing.draft_ms + timing.verify_ms + timing.other_ms, expected_ms=expected,
             choices=list(getattr(result.proposer_stats, "choices", [])),
         )
         return actions, record
 
-    def _mode(self, ee_path: np.ndarray) -> tuple[str, float | None, float | None]:
-        """(mode, F, the switch's expected decode ms) of this step."""
-        if self.decoders.switch is None:
-            return self.decoders.fixed_mode, None, None
-        for ee_pos in ee_path.tolist():  # plain floats: the tracker's update is per env step
-            self._tracker.update(ee_pos=ee_pos)
-        return self.decoders.switch.mode(self._tracker)
+    def _mode(self, ee_path, state: np.ndarray) -> tuple[str, float | None, float | None, str | None]:
+        """(mode, F, the switch's expected decode ms, where the positions came from) of this step."""
+        switch, tracker = self.decoders.switch, self._tracker
+        if switch is None or tracker is None:
+            return self.decoders.fixed_mode, None, None, None
+        source = self.ee_source(ee_path is not None, len(state))
+        if source == "integrated":  # OpenVLA and its clients send no robot state
+            for action in [] if self._emitted is None else self._emitted.tolist():
+                tracker.update(delta=action)
+        else:
+            path = np.asarray(ee_path if ee_path is not None else state[:3], dtype=np.float64).reshape(-1, 3)
+            for ee_pos in path.tolist():  # plain floats: the tracker's update is per env step
+                tracker.update(ee_pos=ee_pos)
+        return (*switch.mode(tracker), source)
+
+    def ee_source(self, has_ee_pos: bool, state_size: int) -> str:
+        """Where a step's end-effector positions come from: the given path, the state's first three
+        values, else the emitted delta actions integrated (`InputError` when the switch cannot)."""
+        if has_ee_pos:
+            return "ee_pos"
+        if state_size >= 3:
+            return "state"
+        if self.decoders.delta_scale is None:
+            raise InputError("the kinematic switch needs end-effector positions: send ee_pos (or a state whose "
+                             "first three values are the position); this datastore has no delta action scale to "
+                             "integrate the actions with (rebuild it with build-datastore)")
+        return "integrated"
 
 
 class PolicyPool:

@@ -33,8 +33,11 @@ def make_service(target, method, config: ServeConfig, target_path: str,
         check_target(benchmark, target.spec)
     tasks = {} if benchmark is None else task_instructions(benchmark)
     keys, codecs = _unnorm_keys(target, benchmark)
-    facts = TargetFacts(target.spec.state_dim, keys, tasks, codecs)
     pool = PolicyPool(target, method)
+    decoders = pool.first.decoders
+    ee_source = None if decoders.switch is None else (
+        "ee_pos or state" if decoders.delta_scale is None else "ee_pos, state or integrated actions")
+    facts = TargetFacts(target.spec.state_dim, keys, tasks, codecs, ee_source=ee_source)
     service = PolicyService(pool.make, facts, config)
     return service, _info(target, method, pool.first, facts, config, target_path, benchmark)
 
@@ -86,6 +89,8 @@ def _info(target, method, policy, facts: TargetFacts, config: ServeConfig, targe
         "method_config": asdict(method),
         "datastore": datastore,
         "unnorm_keys": list(facts.unnorm_keys),
+        # where the kinematic switch's positions come from (ee_pos, else state[:3], else integrated actions)
+        "ee_source": facts.ee_source, "delta_scale": policy.decoders.delta_scale,
         "tasks": facts.tasks,
         "limits": asdict(config),
         "versions": {"heisd": heisd.__version__, "python": platform.python_version(), "torch": torch.__version__,

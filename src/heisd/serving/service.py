@@ -27,6 +27,9 @@ class TargetFacts:
     tasks: dict[str, str]  # task name -> instruction (a request's instruction finds its task here)
     # unnorm key -> how tokens become actions with its statistics, for every key but the first
     codecs: dict[str, ActionCodec] = field(default_factory=dict)
+    # what the kinematic switch reads: None (no switch), "ee_pos or state" (a request must send one),
+    # "ee_pos, state or integrated actions" (without either, the emitted actions are integrated)
+    ee_source: str | None = None
 
     def __post_init__(self) -> None:
         if not self.unnorm_keys or set(self.codecs) != set(self.unnorm_keys[1:]):  # no key may fall back silently
@@ -49,6 +52,10 @@ class PolicyService:
                 raise WireError(422, f"proprio: shape {list(req.proprio.shape)}, expected [{self.facts.state_dim}]")
         elif req.proprio is not None:
             raise WireError(422, "proprio: this target takes no state")
+        if self.facts.ee_source == "ee_pos or state" and req.ee_pos is None and (
+                req.proprio is None or req.proprio.size < 3):
+            raise WireError(422, "ee_pos: missing; the kinematic switch needs the end-effector position (ee_pos, or a "
+                                 "state whose first three values are it), and this datastore cannot integrate actions")
         key = self.facts.unnorm_keys[0]
         if req.unnorm_key is not None:
             key = resolve_unnorm_key(req.unnorm_key, self.facts.unnorm_keys)
