@@ -10,7 +10,8 @@ TEST_NODEPS := openpi-client==0.1.2
 export MUJOCO_GL ?= egl
 
 .PHONY: demo test test-slow lint install clean
-# held to the formatter, the linter and the type checker (pyproject.toml [tool.ruff], [tool.mypy])
+# the whole tree is held to pyflakes; these packages to every rule, the formatter and the type checker
+# (pyproject.toml [tool.ruff], [tool.mypy])
 CHECKED := src/heisd/decoding src/heisd/retrieval src/heisd/kinematics
 
 $(STAMP): pyproject.toml
@@ -28,6 +29,7 @@ demo: $(STAMP)
 	$(BIN)/heisd demo
 
 lint: $(STAMP)
+	$(BIN)/ruff check --select F,E9 src tests
 	$(BIN)/ruff check $(CHECKED)
 	$(BIN)/ruff format --check $(CHECKED)
 	$(BIN)/mypy $(CHECKED)

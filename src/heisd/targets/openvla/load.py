@@ -13,7 +13,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from heisd.targets.openvla.config import DATASET_STATISTICS_FILE, PREPROCESSOR_FILE, OpenVLAConfig, read_json
-from heisd.targets.openvla.model import OpenVLA, OpenVLAParts, llama_config
+from heisd.targets.openvla.model import OpenVLA, OpenVLAParts
 from heisd.targets.openvla.preprocess import ImagePreprocessor
 from heisd.targets.openvla.prompt import PromptEncoder
 from heisd.targets.openvla.vit import unused_shapes
