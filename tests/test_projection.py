@@ -56,6 +56,20 @@ def test_step_costs_by_hand() -> None:
     assert old.head == ((32, 0),) and old.fallbacks == {"ar": ((0, 0),)} and old.tokens_left == 3
 
 
+def test_whole_proposals_are_priced_where_profiled() -> None:
+    """A drafter proposal costs more than its passes (it chooses the tree); a retrieval step builds a tree."""
+    full = profile()
+    full["pieces_ms"].update(drafter_proposal={"median_ms": 2.5}, retrieval_proposal={"median_ms": 0.75})
+    full["drafter_tree"] = {"topk": 4, "depth": 3, "budget": 8}
+    costs = PieceCosts.from_profile(full)
+    assert costs.proposal(3) == 2.5 and costs.proposal(1) == 2.5 - 2 * 0.5
+    step = split_step("drafter", 4, [3, 1, 0], [3, 3, 1], [8, 8, 1], (0, 0), None, CONFIG, 8)  # 3, 3, 1 levels
+    assert costs.step("drafter", True, step.passes(None)).total == pytest.approx(
+        2 + 10 + (4 + 4 + 3.125) + (2.5 + 2.5 + 1.5))
+    assert costs.step("retrieval", True, ((32, 0),)).total == 2 + 0.75 + 10 + 6
+    assert costs.step("retrieval", False, ()).total == 2 + 0.25  # a prefill skip built no tree
+
+
 def test_the_mean_sees_the_tail_the_median_does_not() -> None:
     """A fifth of the steps in drafter mode, each dear: the median step is a retrieval step, the mean is not."""
     steps = [RecordedStep("retrieval", StepPasses(True, ((32, 0),)), None, 0.0, None)] * 8

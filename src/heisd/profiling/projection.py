@@ -9,10 +9,11 @@ Two projections per method:
   the profile's costs and choose again, step by step (`heisd.profiling.redecide`). The threshold
   switch's modes and fixed fallbacks do not depend on costs: they stay as they ran.
 
-A step costs vision, a datastore query in retrieval mode, the prefill unless it was skipped, and
-per verify pass the verification of its draft tokens (linear between the profiled tree sizes; no
-draft is a decode step) plus the drafter passes of its proposal. Bookkeeping, tree building and
-the mode decision are not modelled, so projected milliseconds are a lower bound (BENCHMARKS 6.4);
+A step costs vision, in retrieval mode its proposal (the query and the group tree; a prefill skip
+the query alone), the prefill unless it was skipped, and per verify pass the verification of its
+draft tokens (linear between the profiled tree sizes; no draft is a decode step) plus its drafter
+proposal (the profiled proposal less the levels it did not run). The loop's bookkeeping and the
+mode decision are not modelled, so projected milliseconds are a lower bound (BENCHMARKS 6.4);
 speedups are the number to compare. The executed actions stay the recorded ones: a re-decided
 choice changes which passes run and what they cost, not the episode.
 """
@@ -41,13 +42,28 @@ class PieceCosts:
     tree: tuple[tuple[int, float], ...]  # (draft tokens, one verification pass over them), by size
     drafter_pass: float | None = None
     query: float | None = None
+    # whole proposals, where profiled (older profiles: passes and the query alone)
+    drafter_proposal: float | None = None  # a proposal of `proposal_depth` levels, its tree choice included
+    proposal_depth: int = 0
+    retrieval_proposal: float | None = None  # the query and the group tree
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> PieceCosts:
         pieces = profile["pieces_ms"]
         ms = lambda name: float(pieces[name]["median_ms"]) if name in pieces else None  # noqa: E731
         tree = tuple(sorted((int(n), float(v["median_ms"])) for n, v in pieces.get("tree_verify", {}).items()))
-        return cls(ms("vision"), ms("prefill"), ms("decode_step"), tree, ms("drafter_pass"), ms("datastore_query"))
+        depth = int(profile.get("drafter_tree", {}).get("depth", 0))
+        return cls(ms("vision"), ms("prefill"), ms("decode_step"), tree, ms("drafter_pass"), ms("datastore_query"),
+                   ms("drafter_proposal") if depth else None, depth, ms("retrieval_proposal"))
+
+    def proposal(self, levels: int) -> float:
+        """One drafter proposal of `levels` passes: the profiled proposal less the passes it ran
+        beyond `levels` (at least the passes alone)."""
+        if self.drafter_pass is None:
+            raise ValueError("the profile has no 'drafter_pass' (profile again with --drafter or --random-drafter)")
+        if self.drafter_proposal is None:
+            return levels * self.drafter_pass
+        return max(self.drafter_proposal - (self.proposal_depth - levels) * self.drafter_pass, levels * self.drafter_pass)
 
     def verify(self, nodes: int) -> float:
         """One verification pass over `nodes` draft tokens: linear between the profiled sizes
@@ -57,16 +73,15 @@ class PieceCosts:
 
     def passes_ms(self, passes: Sequence[Pass]) -> tuple[float, float]:
         """(verification ms, drafter ms) of some verify passes."""
-        drafter = sum(levels for _, levels in passes)
-        if drafter and self.drafter_pass is None:
-            raise ValueError("the profile has no 'drafter_pass' (profile again with --drafter or --random-drafter)")
-        return sum(self.verify(n) for n, _ in passes), drafter * (self.drafter_pass or 0.0)
+        return sum(self.verify(n) for n, _ in passes), sum(self.proposal(levels) for _, levels in passes if levels)
 
     def step(self, mode: str, prefill: bool, passes: Sequence[Pass]) -> Priced:
         if mode == "retrieval" and self.query is None:
             raise ValueError("the profile has no 'datastore_query' (profile again with --datastore)")
         verify, draft = self.passes_ms(passes)
-        query = self.query if mode == "retrieval" else 0.0
+        query = 0.0
+        if mode == "retrieval":  # a prefill skip queried and built no tree; other steps proposed one
+            query = self.retrieval_proposal if prefill and self.retrieval_proposal is not None else self.query
         forwards = 1 + len(passes) if prefill else 0
         return Priced(self.vision, self.prefill if prefill else 0.0, verify, draft, query or 0.0, forwards)
 
@@ -79,7 +94,7 @@ class Priced:
     prefill: float
     verify: float
     draft: float  # drafter passes
-    query: float  # the datastore query (retrieval mode)
+    query: float  # the datastore query and the group tree (retrieval mode)
     forwards: int  # target passes, the prefill included
 
     @property
