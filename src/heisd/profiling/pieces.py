@@ -117,5 +117,6 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         "llm_parameters": sum(p.numel() for p in llm.parameters()),
         "tree_shape": f"{config.tree_branching}-ary, breadth first, action-token drafts",
         "drafter_tree": asdict(config.tree),
-        "repeats": config.repeats, "warmup": config.warmup, "rounds": min(config.rounds, config.repeats), "pieces_ms": pieces,
+        "repeats": config.repeats, "warmup": config.warmup, "rounds": min(config.rounds, config.repeats),
+        "pieces_ms": pieces,
     }

@@ -63,7 +63,8 @@ class PieceCosts:
             raise ValueError("the profile has no 'drafter_pass' (profile again with --drafter or --random-drafter)")
         if self.drafter_proposal is None:
             return levels * self.drafter_pass
-        return max(self.drafter_proposal - (self.proposal_depth - levels) * self.drafter_pass, levels * self.drafter_pass)
+        unrun = (self.proposal_depth - levels) * self.drafter_pass
+        return max(self.drafter_proposal - unrun, levels * self.drafter_pass)
 
     def verify(self, nodes: int) -> float:
         """One verification pass over `nodes` draft tokens: linear between the profiled sizes
@@ -234,8 +235,9 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
                 base = ar["recorded"] if key == "redecided" else ar[key]
                 row[key]["speedup"] = base["median_ms"] / row[key]["median_ms"]
                 row[key]["mean_speedup"] = base["mean_ms"] / row[key]["mean_ms"]
-        if "there" in row:  # how far each projected speedup is from the one measured there
-            row["speedup_error"] = {key: row[key]["speedup"] / row["there"]["speedup"] - 1
+        if "there" in row:  # how far each projected speedup (of the median, of the mean) is from the one measured there
+            row["speedup_error"] = {key: {stat: row[key][stat] / row["there"][stat] - 1
+                                          for stat in ("speedup", "mean_speedup")}
                                     for key in ("recorded", "redecided") if row[key] is not None}
 
 
@@ -260,21 +262,25 @@ def _mix(counts: dict[str, int], steps: int) -> str:
     return " ".join(f"{k} {v / steps:.0%}" for k, v in counts.items()) or "-"
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return " ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
+
+
 def format_projection(rows: list[dict[str, Any]], profile: dict[str, Any]) -> str:
     """The projection as two markdown tables: measured beside projected with the recorded choices,
     then the re-decided choices under the profile's costs."""
     device = f"{profile.get('device_name', profile.get('device'))} ({profile.get('dtype', '')}"
     device += f", {profile['threads']} threads)" if "threads" in profile else ")"
     head = [f"PROJECTION for {profile['target']} on {device}, from the steps of a measured run.",
-            "Speedups: AR's median (mean) step over the method's. Mixes: share of steps per mode; fallbacks: share "
-            "of steps that reached each.", "",
+            "Speedups: AR's median (mean) step over the method's. Modes: share of steps; fallbacks: steps that "
+            "reached each.", "",
             "| method | steps | measured median / mean ms | measured speedup (mean) | modes | fallbacks "
             "| projected median / mean ms | projected speedup (mean) |", "|---|---|---|---|---|---|---|---|"]
     lines = []
     for r in rows:
         m, p, n = r["measured"], r["recorded"], r["steps"]
         lines.append(f"| {r['method']} | {n} | {m['median_ms']:.2f} / {m['mean_ms']:.2f} | {m['speedup']:.2f}x "
-                     f"({m['mean_speedup']:.2f}x) | {_mix(m['modes'], n)} | {_mix(m['fallbacks'], n)} | "
+                     f"({m['mean_speedup']:.2f}x) | {_mix(m['modes'], n)} | {_counts(m['fallbacks'])} | "
                      f"{p['median_ms']:.2f} / {p['mean_ms']:.2f} | {p['speedup']:.2f}x ({p['mean_speedup']:.2f}x) |")
     re_head = ["", "RE-DECIDED under the profile's costs: the cost switch's mode and the cost fallback replayed "
                "step by step (other choices as recorded).", "",
@@ -289,7 +295,7 @@ def format_projection(rows: list[dict[str, Any]], profile: dict[str, Any]) -> st
             re_lines.append(f"| {r['method']} | not: {r['not_redecided']} | | | | |")
             continue
         re_lines.append(f"| {r['method']} | {' + '.join(r['redecided_what'])} | {_mix(d['modes'], r['steps'])} | "
-                        f"{_mix(d['fallbacks'], r['steps'])} | {d['median_ms']:.2f} / {d['mean_ms']:.2f} | "
+                        f"{_counts(d['fallbacks'])} | {d['median_ms']:.2f} / {d['mean_ms']:.2f} | "
                         f"{d['speedup']:.2f}x ({d['mean_speedup']:.2f}x) |")
     text = "\n".join(head + lines + (re_head + re_lines if re_lines else []))
     if any("there" in r for r in rows):
@@ -299,16 +305,20 @@ def format_projection(rows: list[dict[str, Any]], profile: dict[str, Any]) -> st
 
 def _check_table(rows: list[dict[str, Any]]) -> str:
     """The projection beside a run measured on the profile's device (`--compare`)."""
-    lines = ["", "CHECK against the run measured on the profile's device (--compare): speedups of the median step; "
-             "error = projected / measured - 1.", "",
+    lines = ["", "CHECK against the run measured on the profile's device (--compare): speedups of the median (mean) "
+             "step; error = projected / measured - 1.", "",
              "| method | measured there: speedup (mean) | modes | fallbacks | projected, recorded choices | error "
              "| projected, re-decided | error |", "|---|---|---|---|---|---|---|---|"]
+
+    def cells(key: str, r: dict[str, Any]) -> str:
+        if r[key] is None:
+            return "- | -"
+        e = r["speedup_error"][key]
+        return (f"{r[key]['speedup']:.2f}x ({r[key]['mean_speedup']:.2f}x) | "
+                f"{e['speedup']:+.0%} ({e['mean_speedup']:+.0%})")
+
     for r in rows:
-        t, p, d, n = r["there"], r["recorded"], r["redecided"], sum(r["there"]["modes"].values())
-        err = r["speedup_error"]
-        redecided = "-" if d is None else f"{d['speedup']:.2f}x ({d['mean_speedup']:.2f}x)"
+        t, n = r["there"], sum(r["there"]["modes"].values())
         lines.append(f"| {r['method']} | {t['speedup']:.2f}x ({t['mean_speedup']:.2f}x) | {_mix(t['modes'], n)} | "
-                     f"{_mix(t['fallbacks'], n)} | {p['speedup']:.2f}x ({p['mean_speedup']:.2f}x) | "
-                     f"{err['recorded']:+.0%} | {redecided} | "
-                     f"{'-' if 'redecided' not in err else format(err['redecided'], '+.0%')} |")
+                     f"{_counts(t['fallbacks'])} | {cells('recorded', r)} | {cells('redecided', r)} |")
     return "\n".join(lines)

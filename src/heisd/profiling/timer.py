@@ -42,7 +42,8 @@ def measure_rounds(pieces: dict[str, Piece], device: torch.device, repeats: int,
     (and `warmup` of them in the first turn). On a shared machine a change in load then hits
     every piece alike, and their ratios hold; `rounds=1` times each piece once, start to end."""
     if repeats < 1 or warmup < 0 or not 1 <= rounds <= repeats:
-        raise ValueError(f"need repeats >= 1, warmup >= 0 and 1 <= rounds <= repeats, got {repeats}, {warmup}, {rounds}")
+        raise ValueError(f"need repeats >= 1, warmup >= 0 and 1 <= rounds <= repeats, "
+                         f"got {repeats}, {warmup}, {rounds}")
     times: dict[str, list[float]] = {name: [] for name in pieces}
     for r in range(rounds):
         share = repeats // rounds + (r < repeats % rounds)
