@@ -16,6 +16,7 @@ import torch
 from heisd.cli import main
 from heisd.decoding import DraftTree
 from heisd.profiling import measure
+from heisd.profiling.timer import measure_rounds
 from heisd.profiling.pieces import branching_tree
 from heisd.retrieval.datastore import DatastoreWriter
 
@@ -31,6 +32,18 @@ def test_measure_warms_up_then_times_each_run():
     assert 0 <= timing.p10_ms <= timing.median_ms <= timing.p90_ms
     with pytest.raises(ValueError):
         measure(lambda: None, torch.device("cpu"), repeats=0, warmup=0)
+
+
+def test_pieces_take_turns_each_warm_again_after_the_others():
+    """Rounds: each piece's share of the repeats in a tight loop per turn, one untimed run first
+    (the warm-up runs in the first turn), so load changes hit every piece alike."""
+    order = []
+    pieces = {name: (lambda name=name: order.append(name), None) for name in ("a", "b")}
+    timings = measure_rounds(pieces, torch.device("cpu"), repeats=5, warmup=2, rounds=2)
+    assert order == ["a"] * 5 + ["b"] * 5 + ["a"] * 3 + ["b"] * 3  # turn 1: 2 warm-up + 3 timed; turn 2: 1 + 2
+    assert timings["a"].runs == timings["b"].runs == 5
+    with pytest.raises(ValueError, match="rounds"):
+        measure_rounds(pieces, torch.device("cpu"), repeats=2, warmup=0, rounds=3)
 
 
 def test_profiled_trees_branch_breadth_first():

@@ -25,6 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset: 3 tasks, 2 episodes each, 150 steps (under ~10 minutes on 2 CPU cores)")
     p.add_argument("--out", required=True,
                    help="output directory (each method's eval resumes from it; other settings are refused)")
+    p.add_argument("--record-options", action="store_true",
+                   help="configurations with a cost-based choice (the cost switch, the cost fallback) also record, "
+                        "per step and outside its latency, what each mode and fallback would have done on the same "
+                        "frame, so `heisd project` can re-decide those choices under another device's costs "
+                        "(slower: up to three extra decodes per step)")
     p.add_argument("--persist-thresholds", action="store_true",
                    help="after the last episode, merge the full heisd run's online-adapted skip thresholds into "
                         "the datastore's manifest (by default they stay in --out and the datastore is only read)")
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                      protocol=target.spec.protocol, center_crop=not args.no_center_crop)
     out = Path(args.out)
     summaries = run_bench(target, configs, cfg, out, persist=full_heisd(base) if args.persist_thresholds else None,
-                          target_path=args.target)
+                          target_path=args.target, record_options=args.record_options)
     report = write_report(summaries, out, recorded_command(), cfg)
     print(report_table(summaries))
     print(f"report: {report}")

@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed runs before them")
     p.add_argument("--tree-sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64],
                    help="draft-tree sizes (nodes) to time one verification pass for")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="the pieces take turns this many times, each timed in a tight loop of repeats / rounds runs "
+                        "per turn, so a change in machine load hits every piece alike (1: each piece once, start to "
+                        "end; capped at --repeats)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and of the profiled frame")
 
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     except (CheckpointError, DrafterError, DatastoreError) as e:
         raise SystemExit(f"heisd profile: {e}") from e
     config = ProfileConfig(repeats=args.repeats, warmup=args.warmup, tree_sizes=tuple(args.tree_sizes),
-                           seed=args.seed)
+                           seed=args.seed, rounds=args.rounds)
     try:
         pieces = profile_target(target, config, drafter, datastore)
     except ValueError as e:  # e.g. a datastore whose keys do not fit this target

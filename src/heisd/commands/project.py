@@ -7,36 +7,47 @@ import json
 from pathlib import Path
 
 LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
-HELP = ("Project a bench run's latencies and speedups onto the device of a `heisd profile` JSON "
-        "(labelled a projection; compare with the run's measured numbers on the machine that ran it).")
+HELP = ("Project a bench run's step latencies (mean, median, mode and fallback mix) and speedups onto the device "
+        "of a `heisd profile` JSON, with the run's choices and with the cost-based ones re-decided under that "
+        "device's costs (labelled a projection; compare with a measured run where one exists).")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench", type=Path, required=True, help="a `heisd bench --out` directory (bench.json + episodes)")
     p.add_argument("--profile", type=Path, required=True,
                    help="a `heisd profile` JSON of the target (with --drafter and --datastore for those pieces)")
+    p.add_argument("--datastore", type=Path, default=None,
+                   help="the bench's datastore, for the cost switch's calibration when re-deciding its modes "
+                        "(default: the path each method's run.json recorded)")
+    p.add_argument("--compare", type=Path, default=None,
+                   help="a `heisd bench --out` directory of the same methods measured on the profile's device: its "
+                        "speedups and mode mix go beside the projected ones, with the error of each")
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing projection at --out")
 
 
 def run(args: argparse.Namespace) -> int:
     from heisd.profiling.projection import format_projection, project_bench
+    from heisd.retrieval.manifest import DatastoreError
     from heisd.storage import OutputKind, check_output, recorded_path, write_json
     from heisd.storage.guard import json_file_with
 
     if args.out is not None:
         check_output(args.out, OutputKind("projection", json_file_with("projection", "rows")), args.overwrite)
-    if not (args.bench / "bench.json").is_file():
-        raise SystemExit(f"--bench {args.bench}: no bench.json there (the output folder of `heisd bench`)")
+    for flag, path in (("--bench", args.bench), ("--compare", args.compare)):
+        if path is not None and not (path / "bench.json").is_file():
+            raise SystemExit(f"{flag} {path}: no bench.json there (the output folder of `heisd bench`)")
     try:
         profile = json.loads(args.profile.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise SystemExit(f"--profile {args.profile}: not a readable profile JSON ({e})") from e
     try:
-        rows = project_bench(args.bench, profile)
-    except (KeyError, ValueError) as e:
+        rows = project_bench(args.bench, profile, args.datastore, args.compare)
+    except (KeyError, ValueError, DatastoreError) as e:
         raise SystemExit(f"heisd project: {e}") from e
     print(format_projection(rows, profile))
     if args.out is not None:
-        write_json(args.out, {"projection": True, "profile": recorded_path(args.profile), "rows": rows})
+        write_json(args.out, {"projection": True, "profile": recorded_path(args.profile),
+                              "bench": recorded_path(args.bench),
+                              "compare": None if args.compare is None else recorded_path(args.compare), "rows": rows})
     return 0

@@ -113,6 +113,7 @@ class DecodeResult:
     deviation: int  # summed bin deviation of accepted drafts from the target's greedy tokens
     timing: Timing = field(default_factory=Timing)
     proposer_stats: Any = None  # the proposer's `end_step()` for this step (e.g. RetrievalStepStats)
+    draft_sizes: list[int] = field(default_factory=list)  # draft tokens each verify pass checked (0: a plain AR pass)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -161,7 +162,7 @@ class SpeculativeDecoder:
         emitted = [pre.token]
         pending = [pre.token]  # emitted tokens the target has not processed yet
         hidden = pre.hidden[None]
-        forwards, accepted_lengths, depths, skipped, deviation = 1, [], [], 0, 0
+        forwards, accepted_lengths, depths, sizes, skipped, deviation = 1, [], [], [], 0, 0
         while len(emitted) < n:
             t = self._now()
             proposal = None
@@ -191,11 +192,12 @@ class SpeculativeDecoder:
             pending = [acc.bonus]
             accepted_lengths.append(len(acc.nodes))
             depths.append(int(tree.depth.max()) if len(tree) else 0)
+            sizes.append(len(tree))
             deviation += acc.deviation
         stats = self.proposer.end_step() if self.proposer is not None else None
         total_ms = (self._now() - start) * 1e3
         timing.other_ms = total_ms - timing.prefill_ms - timing.draft_ms - timing.verify_ms
-        return DecodeResult(emitted, forwards, accepted_lengths, depths, skipped, deviation, timing, stats)
+        return DecodeResult(emitted, forwards, accepted_lengths, depths, skipped, deviation, timing, stats, sizes)
 
     def _check_skip(self, tree: DraftTree) -> None:
         # A skipped draft is accepted blindly, so it must be a plain sequence of action tokens.

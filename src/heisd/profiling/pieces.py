@@ -2,7 +2,8 @@
 
 vision (frame -> prefix embeddings + retrieval key), prefill, one decode step (an empty
 tree: what AR does per token), one verification pass over draft trees of several sizes,
-one drafter pass, one datastore query. Every LLM piece goes through the project's
+one drafter pass and one whole drafter proposal (its passes and its tree choice), one
+datastore query and one retrieval proposal (the query and its group tree). Every LLM piece goes through the project's
 `Verifier`, and the KV cache is rolled back after each timed pass, so each run sees the
 same cache length: the state of a step right after its prefill.
 """
@@ -16,11 +17,15 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from heisd.decoding import DraftTree, Verifier
+from heisd.decoding import DecodeState, DraftTree, Verifier
 from heisd.decoding.vocab import ActionVocab
+from heisd.drafter.config import TreeConfig
 from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
-from heisd.profiling.timer import measure
+from heisd.drafter.proposer import DrafterProposer
+from heisd.profiling.timer import Piece, measure_rounds
+from heisd.retrieval.config import RetrievalConfig
 from heisd.retrieval.datastore import Datastore
+from heisd.retrieval.proposer import RetrievalProposer
 from heisd.targets.base import Target
 
 
@@ -33,6 +38,10 @@ class ProfileConfig:
     instruction: str = "pick up the black bowl and place it on the plate"  # sets the prompt length
     retrieval_k: int = 8  # Top-K of the datastore query
     seed: int = 0  # the random frame
+    tree: TreeConfig = TreeConfig()  # the drafter tree a profiled proposal grows (the methods' default)
+    # the pieces take turns, each timed in a tight loop of repeats / rounds runs per turn, so a change
+    # in machine load (a shared machine) hits all alike; 1: each piece once, start to end
+    rounds: int = 10
 
 
 def branching_tree(n: int, branching: int, first_action_id: int, n_bins: int) -> DraftTree:
@@ -58,43 +67,56 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
     state = spec.state_input(np.zeros((1, spec.state_dim)))
     prompt = target.encode_prompt(config.instruction)
 
-    def timed(work, after=None) -> dict[str, float | int]:
-        return measure(work, device, config.repeats, config.warmup, after).to_dict()
-
-    pieces: dict[str, Any] = {"vision": timed(lambda: target.encode_observation(frame, prompt, state))}
+    work: dict[str, Piece] = {"vision": (lambda: target.encode_observation(frame, prompt, state), None)}
     prefix, key = target.encode_observation(frame, prompt, state)
     verifier = Verifier(llm)
-    pieces["prefill"] = timed(lambda: verifier.prefill(prefix))
+    work["prefill"] = (lambda: verifier.prefill(prefix), None)
     pre = verifier.prefill(prefix)
     root = [pre.token]
-    pieces["decode_step"] = timed(lambda: verifier.verify(pre.cache, root, DraftTree.empty()),
-                                  after=lambda _: pre.cache.crop(-1))
+    work["decode_step"] = (lambda: verifier.verify(pre.cache, root, DraftTree.empty()), lambda _: pre.cache.crop(-1))
     first_action = ActionVocab(spec.vocab_size, spec.n_bins).first_id
-    pieces["tree_verify"] = {}
     for n in config.tree_sizes:
         tree = branching_tree(n, config.tree_branching, first_action, spec.n_bins)
-        pieces["tree_verify"][str(n)] = timed(lambda: verifier.verify(pre.cache, root, tree),
-                                              after=lambda _, n=n: pre.cache.crop(-(1 + n)))
-    if pre.cache.get_seq_length() != prefix.shape[1]:  # every timed pass must have been rolled back
-        raise RuntimeError(f"KV cache holds {pre.cache.get_seq_length()} positions after profiling, "
-                           f"not {prefix.shape[1]}")
+        work[f"tree_verify/{n}"] = (lambda tree=tree: verifier.verify(pre.cache, root, tree),
+                                    lambda _, n=n: pre.cache.crop(-(1 + n)))
+    # the step right after its prefill, as the proposers see it
+    after_prefill = DecodeState(list(root), spec.n_action_tokens, pre.hidden[None], pre.hidden, verifier, pre.cache, {})
     if drafter is not None:
         dev = drafter.fc.weight.device
         features = pre.hidden[None, None].to(dev)
         tokens, positions = torch.tensor([root], device=dev), torch.zeros(1, 1, dtype=torch.long, device=dev)
         mask = additive_mask(torch.ones(1, 1, dtype=torch.bool)).to(dev)
         # the first pass of a proposal: one drafter layer over the action context, fresh cache
-        pieces["drafter_pass"] = timed(lambda: drafter(features, tokens, positions, mask, DynamicCache()))
+        work["drafter_pass"] = (lambda: drafter(features, tokens, positions, mask, DynamicCache()), None)
+        # a whole proposal as the decode loop asks for one: a pass per level plus choosing the tree
+        drafting = DrafterProposer(drafter, config.tree)
+        work["drafter_proposal"] = (lambda: (drafting.begin_step({}), drafting.propose(after_prefill)), None)
     if datastore is not None:
         if datastore.key_dim != key.shape[1]:
             raise ValueError(f"datastore {datastore.root} has {datastore.key_dim}-d keys, "
                              f"this target's are {key.shape[1]}-d")
         query = key[0].float().cpu().numpy()
-        pieces["datastore_query"] = measure(lambda: datastore.query(query, None, config.retrieval_k),
-                                            torch.device("cpu"), config.repeats, config.warmup).to_dict()
+        work["datastore_query"] = (lambda: datastore.query(query, None, config.retrieval_k), None)
+        # a retrieval step's first proposal: the query and its group tree
+        layout = RetrievalConfig.for_action(spec.action_dim, spec.chunk, k=config.retrieval_k)
+        retrieving = RetrievalProposer(datastore, layout, vocab=ActionVocab(spec.vocab_size, spec.n_bins))
+        step = {"key": query, "task": None}
+        work["retrieval_proposal"] = (lambda: (retrieving.begin_step(step), retrieving.propose(after_prefill)), None)
+    timings = measure_rounds(work, device, config.repeats, config.warmup, min(config.rounds, config.repeats))
+    if pre.cache.get_seq_length() != prefix.shape[1]:  # every timed pass must have been rolled back
+        raise RuntimeError(f"KV cache holds {pre.cache.get_seq_length()} positions after profiling, "
+                           f"not {prefix.shape[1]}")
+    pieces: dict[str, Any] = {"tree_verify": {}}
+    for name, timing in timings.items():
+        if name.startswith("tree_verify/"):
+            pieces["tree_verify"][name.split("/")[1]] = timing.to_dict()
+        else:
+            pieces[name] = timing.to_dict()
     return {
         "spec": asdict(spec), "prefix_len": int(prefix.shape[1]), "key_dim": int(key.shape[1]),
         "llm_parameters": sum(p.numel() for p in llm.parameters()),
         "tree_shape": f"{config.tree_branching}-ary, breadth first, action-token drafts",
-        "repeats": config.repeats, "warmup": config.warmup, "pieces_ms": pieces,
+        "drafter_tree": asdict(config.tree),
+        "repeats": config.repeats, "warmup": config.warmup, "rounds": min(config.rounds, config.repeats),
+        "pieces_ms": pieces,
     }

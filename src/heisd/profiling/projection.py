@@ -1,93 +1,324 @@
-"""Projected latency of a bench run on another device: the run's per-step statistics (mode,
-target passes) times the per-piece costs a `heisd profile` measured there.
+"""Projected latency of a bench run on another device (docs/design.md §5.3): every recorded step's
+passes priced with the per-piece costs a `heisd profile` measured there, over the whole step
+distribution (mean, median and p90 latency, the steps in each mode and each fallback).
 
-Per control step: vision, the retrieval query in retrieval mode, the prefill when the target
-ran, and per verify pass after it: AR a decode step; the drafter a tree verification of its
-budget plus one drafter pass per tree level; Jacobi a chain of the remaining tokens; retrieval
-its group tree once, then its fallback (AR decode steps, drafter passes or Jacobi chains; with
-`--retrieval-fallback cost`, the one the step chose). Bookkeeping is not modelled. Every number this produces is a projection, and the report says so.
+Two projections per method:
+- **recorded choices**: every step as it ran (its mode, its fallback), priced with the profile;
+- **re-decided**: where the method chooses by cost (the cost switch, the cost fallback) and the
+  run recorded every option (`heisd bench --record-options`), the same rules are replayed with
+  the profile's costs and choose again, step by step (`heisd.profiling.redecide`). The threshold
+  switch's modes and fixed fallbacks do not depend on costs: they stay as they ran.
+
+A step costs vision, in retrieval mode its proposal (the query and the group tree; a prefill skip
+the query alone), the prefill unless it was skipped, and per verify pass the verification of its
+draft tokens (linear between the profiled tree sizes; no draft is a decode step) plus its drafter
+proposal (the profiled proposal less the levels it did not run). The loop's bookkeeping and the
+mode decision are not modelled, so projected milliseconds are a lower bound (BENCHMARKS 6.4);
+speedups are the number to compare. The executed actions stay the recorded ones: a re-decided
+choice changes which passes run and what they cost, not the episode.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def piece(profile: dict[str, Any], name: str) -> float:
-    pieces = profile["pieces_ms"]
-    if name not in pieces:
-        raise ValueError(f"the profile has no '{name}' (profile again with the piece: --drafter / --datastore)")
-    return float(pieces[name]["median_ms"])
+from heisd.profiling.passes import Pass, StepPasses, split_step
 
 
-def verify_ms(profile: dict[str, Any], nodes: int) -> float:
-    """One verification pass over `nodes` draft tokens: linear between the profiled sizes."""
-    sizes = sorted((int(n), float(v["median_ms"])) for n, v in profile["pieces_ms"]["tree_verify"].items())
-    xs, ys = [0] + [n for n, _ in sizes], [piece(profile, "decode_step")] + [v for _, v in sizes]
-    return float(np.interp(nodes, xs, ys))  # beyond the largest size: the largest size's cost
+@dataclass(frozen=True)
+class PieceCosts:
+    """A profile's median ms per piece (None: not profiled)."""
+
+    vision: float
+    prefill: float
+    decode_step: float
+    tree: tuple[tuple[int, float], ...]  # (draft tokens, one verification pass over them), by size
+    drafter_pass: float | None = None
+    query: float | None = None
+    # whole proposals, where profiled (older profiles: passes and the query alone)
+    drafter_proposal: float | None = None  # a proposal of `proposal_depth` levels, its tree choice included
+    proposal_depth: int = 0
+    retrieval_proposal: float | None = None  # the query and the group tree
+
+    @classmethod
+    def from_profile(cls, profile: dict[str, Any]) -> PieceCosts:
+        pieces = profile["pieces_ms"]
+        ms = lambda name: float(pieces[name]["median_ms"]) if name in pieces else None  # noqa: E731
+        tree = tuple(sorted((int(n), float(v["median_ms"])) for n, v in pieces.get("tree_verify", {}).items()))
+        depth = int(profile.get("drafter_tree", {}).get("depth", 0))
+        return cls(ms("vision"), ms("prefill"), ms("decode_step"), tree, ms("drafter_pass"), ms("datastore_query"),
+                   ms("drafter_proposal") if depth else None, depth, ms("retrieval_proposal"))
+
+    def proposal(self, levels: int) -> float:
+        """One drafter proposal of `levels` passes: the profiled proposal less the passes it ran
+        beyond `levels` (at least the passes alone)."""
+        if self.drafter_pass is None:
+            raise ValueError("the profile has no 'drafter_pass' (profile again with --drafter or --random-drafter)")
+        if self.drafter_proposal is None:
+            return levels * self.drafter_pass
+        unrun = (self.proposal_depth - levels) * self.drafter_pass
+        return max(self.drafter_proposal - unrun, levels * self.drafter_pass)
+
+    def verify(self, nodes: int) -> float:
+        """One verification pass over `nodes` draft tokens: linear between the profiled sizes
+        (beyond the largest: the largest's cost)."""
+        xs, ys = [0] + [n for n, _ in self.tree], [self.decode_step] + [v for _, v in self.tree]
+        return float(np.interp(nodes, xs, ys))
+
+    def passes_ms(self, passes: Sequence[Pass]) -> tuple[float, float]:
+        """(verification ms, drafter ms) of some verify passes."""
+        return sum(self.verify(n) for n, _ in passes), sum(self.proposal(levels) for _, levels in passes if levels)
+
+    def step(self, mode: str, prefill: bool, passes: Sequence[Pass]) -> Priced:
+        if mode == "retrieval" and self.query is None:
+            raise ValueError("the profile has no 'datastore_query' (profile again with --datastore)")
+        verify, draft = self.passes_ms(passes)
+        query = 0.0
+        if mode == "retrieval":  # a prefill skip queried and built no tree; other steps proposed one
+            query = self.retrieval_proposal if prefill and self.retrieval_proposal is not None else self.query
+        forwards = 1 + len(passes) if prefill else 0
+        return Priced(self.vision, self.prefill if prefill else 0.0, verify, draft, query or 0.0, forwards)
 
 
-def step_ms(step: dict[str, Any], config: dict[str, Any], profile: dict[str, Any], n_tokens: int) -> float:
-    """Projected latency of one recorded step (`mode`, `target_forwards`) of a method `config`."""
-    mode, forwards = step["mode"], step["target_forwards"]
-    ms = piece(profile, "vision") + (piece(profile, "prefill") if forwards > 0 else 0.0)
-    verifies = max(forwards - 1, 0)
+@dataclass(frozen=True)
+class Priced:
+    """One projected step, by piece (ms)."""
 
-    def drafter_verify() -> float:  # one drafter proposal (a pass per tree level) and its verification
-        return verify_ms(profile, config["tree_budget"]) + config["tree_depth"] * piece(profile, "drafter_pass")
+    vision: float
+    prefill: float
+    verify: float
+    draft: float  # drafter passes
+    query: float  # the datastore query and the group tree (retrieval mode)
+    forwards: int  # target passes, the prefill included
 
-    if mode == "retrieval":
-        ms += piece(profile, "datastore_query")
-        if verifies:
-            # the cost fallback: what this step chose (a step with no choice on record fell back to nothing)
-            chosen = config["retrieval_fallback"] if config["retrieval_fallback"] != "cost" else step.get("fallback", "ar")
-            fallback = {"drafter": drafter_verify, "jacobi": lambda: verify_ms(profile, n_tokens - 1),
-                        "ar": lambda: piece(profile, "decode_step")}[chosen]()
-            ms += verify_ms(profile, config["retrieval_budget"]) + (verifies - 1) * fallback
-    elif mode == "jacobi":
-        ms += verifies * verify_ms(profile, n_tokens - 1)
-    elif config["method"] == "ar":
-        ms += verifies * piece(profile, "decode_step")
-    else:  # drafter mode of specvla* / heisd
-        ms += verifies * drafter_verify() if verifies else 0.0
-    return ms
+    @property
+    def total(self) -> float:
+        return self.vision + self.prefill + self.verify + self.draft + self.query
 
 
-def project_bench(bench_dir: Path, profile: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per method of a bench run: measured and projected median step latency and speedup."""
+@dataclass(frozen=True)
+class RecordedStep:
+    """One step of a bench's episodes.jsonl."""
+
+    mode: str
+    passes: StepPasses  # as it ran (its fallback, if one ran)
+    fallback: str | None  # the fallback that ran
+    latency_ms: float  # measured
+    options: dict[str, Any] | None  # `--record-options`: every option on this frame
+
+
+@dataclass(frozen=True)
+class ProjectedStep:
+    mode: str
+    fallback: str | None
+    ms: float
+
+
+def read_steps(path: Path, config: dict[str, Any], n_tokens: int) -> list[RecordedStep]:
+    """The steps of a method's episodes.jsonl, in the order they ran."""
+    out = []
+    for line in path.read_text().splitlines():
+        s = json.loads(line)["steps"]
+        count = len(s["mode"])
+        for i in range(count):
+            mode, fallback = s["mode"][i], _column(s, "fallback", count)[i]
+            ran = _ran_fallback(_column(s, "choices", count, [])[i], config) if mode == "retrieval" else None
+            if fallback is not None and fallback[0] == 0:
+                ran = None
+            passes = split_step(mode, s["target_forwards"][i], s["accepted"][i], s["draft_depth"][i],
+                                _column(s, "draft_size", count)[i], None if fallback is None else tuple(fallback), ran,
+                                config, n_tokens)
+            if not passes.tokens_left:
+                ran = None
+            out.append(RecordedStep(mode, passes, ran, float(s["latency_ms"][i]), _column(s, "options", count)[i]))
+    return out
+
+
+def _column(steps: dict[str, list], key: str, count: int, empty: Any = None) -> list:
+    """A per-step column of an episode line; `empty` per step where an older run did not keep it."""
+    return steps.get(key, [empty] * count)
+
+
+def _ran_fallback(choices: list, config: dict[str, Any]) -> str:
+    """The fallback a retrieval step ran: the cost rule's pick, else the configured one."""
+    return next((option for rule, option, *_ in choices if rule == "fallback"),
+                "ar" if config["retrieval_fallback"] == "cost" else config["retrieval_fallback"])
+
+
+def price_recorded(steps: Sequence[RecordedStep], costs: PieceCosts) -> list[ProjectedStep]:
+    return [ProjectedStep(s.mode, s.fallback, costs.step(s.mode, s.passes.prefill, s.passes.passes(s.fallback)).total)
+            for s in steps]
+
+
+def distribution(steps: Sequence[ProjectedStep]) -> dict[str, Any]:
+    """Mean, median and p90 of the projected step latencies; steps per mode and per fallback."""
+    ms = np.asarray([s.ms for s in steps])
+    return {"mean_ms": float(ms.mean()), "median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
+            "modes": dict(sorted(Counter(s.mode for s in steps).items())),
+            "fallbacks": dict(sorted(Counter(s.fallback for s in steps if s.fallback).items()))}
+
+
+def redecided_what(config: dict[str, Any]) -> list[str]:
+    """The cost-based choices of a method configuration (what a projection re-decides)."""
+    what = []
+    if config["method"] == "heisd" and config.get("switch") == "cost":
+        what.append("mode")
+    if config["method"] in ("retrieval", "heisd") and config.get("retrieval_fallback") == "cost":
+        what.append("fallback")
+    return what
+
+
+def measured(steps: Sequence[RecordedStep]) -> dict[str, Any]:
+    """The measured latency distribution and the mode and fallback mix of a run's steps."""
+    ms = np.asarray([step.latency_ms for step in steps])
+    return {"mean_ms": float(ms.mean()), "median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
+            "modes": dict(sorted(Counter(step.mode for step in steps).items())),
+            "fallbacks": dict(sorted(Counter(step.fallback for step in steps if step.fallback).items()))}
+
+
+def project_bench(bench_dir: Path, profile: dict[str, Any], datastore: Path | None = None,
+                  compare: Path | None = None) -> list[dict[str, Any]]:
+    """Per method of a bench run: measured, projected (recorded choices) and projected
+    (re-decided) latency distribution and speedups. `datastore`: where the cost switch's
+    calibration is, when not where the run recorded it. `compare`: a bench of the same methods
+    measured on the profile's device (its numbers go beside the projection, as "there")."""
+    from heisd.profiling.redecide import redecide
+
     summaries = json.loads((bench_dir / "bench.json").read_text())
     n_tokens = int(profile["spec"]["n_action_tokens"])
+    costs = PieceCosts.from_profile(profile)
+    there = {}
+    if compare is not None:
+        for s in json.loads((compare / "bench.json").read_text()):
+            there[s["method"]] = measured(read_steps(compare / s["dir"] / "episodes.jsonl", s["config"], n_tokens))
+        missing = [s["method"] for s in summaries if s["method"] not in there]
+        if missing:
+            raise ValueError(f"{compare} has no run of {', '.join(missing)} to compare with")
     rows = []
     for s in summaries:
-        steps = []
-        for line in (bench_dir / s["dir"] / "episodes.jsonl").read_text().splitlines():
-            record = json.loads(line)["steps"]
-            choices = record.get("choices", [[]] * len(record["mode"]))
-            steps += [{"mode": m, "target_forwards": f, "fallback": _fallback(c)}
-                      for m, f, c in zip(record["mode"], record["target_forwards"], choices)]
-        projected = [step_ms(step, s["config"], profile, n_tokens) for step in steps]
-        rows.append({"method": s["method"], "steps": len(steps), "measured_ms": s["latency_ms"]["median"],
-                     "measured_speedup": s["speedup"], "projected_ms": float(np.median(projected))})
-    ar = rows[0]["projected_ms"]
-    for row in rows:
-        row["projected_speedup"] = ar / row["projected_ms"]
+        config = s["config"]
+        steps = read_steps(bench_dir / s["dir"] / "episodes.jsonl", config, n_tokens)
+        row: dict[str, Any] = {"method": s["method"], "steps": len(steps), "measured": measured(steps),
+                               "recorded": distribution(price_recorded(steps, costs))}
+        if there:
+            row["there"] = there[s["method"]]
+        what = redecided_what(config)
+        recorded = sum(step.options is not None for step in steps)
+        if not what:
+            row["redecided"], row["redecided_what"] = row["recorded"], []  # nothing depends on costs
+        elif recorded < len(steps):
+            row["redecided"], row["redecided_what"] = None, what
+            row["not_redecided"] = (f"{recorded} of {len(steps)} steps recorded their options "
+                                    "(run the bench with --record-options)")
+        else:
+            switch = _switch(bench_dir / s["dir"], datastore, n_tokens) if "mode" in what else None
+            row["redecided_what"] = what
+            row["redecided"] = distribution(redecide(steps, config, costs, switch, n_tokens))
+        rows.append(row)
+    _speedups(rows)
     return rows
 
 
-def _fallback(choices: list) -> str:
-    """The fallback a step's cost rule chose (`episode_steps` choices), "ar" when none ran."""
-    return next((option for rule, option, *_ in choices if rule == "fallback"), "ar")
+def _speedups(rows: list[dict[str, Any]]) -> None:
+    """AR (the first row) over each method: of the median (as measured runs report it) and of the mean."""
+    ar = rows[0]
+    for row in rows:
+        for key in ("measured", "there", "recorded", "redecided"):
+            if row.get(key) is not None:  # AR's projection has nothing to re-decide: its recorded one
+                base = ar["recorded"] if key == "redecided" else ar[key]
+                row[key]["speedup"] = base["median_ms"] / row[key]["median_ms"]
+                row[key]["mean_speedup"] = base["mean_ms"] / row[key]["mean_ms"]
+        if "there" in row:  # how far each projected speedup (of the median, of the mean) is from the one measured there
+            row["speedup_error"] = {key: {stat: row[key][stat] / row["there"][stat] - 1
+                                          for stat in ("speedup", "mean_speedup")}
+                                    for key in ("recorded", "redecided") if row[key] is not None}
+
+
+def _switch(run_dir: Path, datastore: Path | None, n_tokens: int):
+    """The cost switch as the run started it: from the calibration in its datastore's manifest."""
+    from heisd.kinematics import CostAwareSwitch, KinematicConfig, KinematicStats
+    from heisd.retrieval.manifest import read_manifest
+
+    if datastore is None:
+        recorded = json.loads((run_dir / "run.json").read_text()).get("paths", {}).get("datastore")
+        if recorded is None:
+            raise ValueError(f"{run_dir}/run.json names no datastore: give --datastore")
+        datastore = Path(recorded)
+    extras = read_manifest(Path(datastore))["extras"]
+    if "calibration_frames" not in extras or "kinematic_stats" not in extras:
+        raise ValueError(f"datastore {datastore} is not calibrated: the cost switch starts from its calibration")
+    return CostAwareSwitch(KinematicConfig(**extras.get("kinematic_config", {})),
+                           KinematicStats.from_dict(extras["kinematic_stats"]), extras["calibration_frames"], n_tokens)
+
+
+def _mix(counts: dict[str, int], steps: int) -> str:
+    return " ".join(f"{k} {v / steps:.0%}" for k, v in counts.items()) or "-"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return " ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
 
 
 def format_projection(rows: list[dict[str, Any]], profile: dict[str, Any]) -> str:
-    head = (f"PROJECTION for {profile['target']} on {profile.get('device_name', profile.get('device'))} "
-            f"({profile.get('dtype', '')}), from the steps of a measured run\n\n"
-            "| method | steps | measured median ms | measured speedup | projected median ms | projected speedup |\n"
-            "|---|---|---|---|---|---|")
-    lines = [f"| {r['method']} | {r['steps']} | {r['measured_ms']:.2f} | {r['measured_speedup']:.2f}x | "
-             f"{r['projected_ms']:.2f} | {r['projected_speedup']:.2f}x |" for r in rows]
-    return "\n".join([head, *lines])
+    """The projection as two markdown tables: measured beside projected with the recorded choices,
+    then the re-decided choices under the profile's costs."""
+    device = f"{profile.get('device_name', profile.get('device'))} ({profile.get('dtype', '')}"
+    device += f", {profile['threads']} threads)" if "threads" in profile else ")"
+    head = [f"PROJECTION for {profile['target']} on {device}, from the steps of a measured run.",
+            "Speedups: AR's median (mean) step over the method's. Modes: share of steps; fallbacks: steps that "
+            "reached each.", "",
+            "| method | steps | measured median / mean ms | measured speedup (mean) | modes | fallbacks "
+            "| projected median / mean ms | projected speedup (mean) |", "|---|---|---|---|---|---|---|---|"]
+    lines = []
+    for r in rows:
+        m, p, n = r["measured"], r["recorded"], r["steps"]
+        lines.append(f"| {r['method']} | {n} | {m['median_ms']:.2f} / {m['mean_ms']:.2f} | {m['speedup']:.2f}x "
+                     f"({m['mean_speedup']:.2f}x) | {_mix(m['modes'], n)} | {_counts(m['fallbacks'])} | "
+                     f"{p['median_ms']:.2f} / {p['mean_ms']:.2f} | {p['speedup']:.2f}x ({p['mean_speedup']:.2f}x) |")
+    re_head = ["", "RE-DECIDED under the profile's costs: the cost switch's mode and the cost fallback replayed "
+               "step by step (other choices as recorded).", "",
+               "| method | re-decided | modes | fallbacks | projected median / mean ms | projected speedup (mean) |",
+               "|---|---|---|---|---|---|"]
+    re_lines = []
+    for r in rows:
+        if not r["redecided_what"]:
+            continue
+        d = r["redecided"]
+        if d is None:
+            re_lines.append(f"| {r['method']} | not: {r['not_redecided']} | | | | |")
+            continue
+        re_lines.append(f"| {r['method']} | {' + '.join(r['redecided_what'])} | {_mix(d['modes'], r['steps'])} | "
+                        f"{_counts(d['fallbacks'])} | {d['median_ms']:.2f} / {d['mean_ms']:.2f} | "
+                        f"{d['speedup']:.2f}x ({d['mean_speedup']:.2f}x) |")
+    text = "\n".join(head + lines + (re_head + re_lines if re_lines else []))
+    if any("there" in r for r in rows):
+        text += "\n" + _check_table(rows)
+    return text
+
+
+def _check_table(rows: list[dict[str, Any]]) -> str:
+    """The projection beside a run measured on the profile's device (`--compare`)."""
+    lines = ["", "CHECK against the run measured on the profile's device (--compare): speedups of the median (mean) "
+             "step; error = projected / measured - 1.", "",
+             "| method | measured there: speedup (mean) | modes | fallbacks | projected, recorded choices | error "
+             "| projected, re-decided | error |", "|---|---|---|---|---|---|---|---|"]
+
+    def cells(key: str, r: dict[str, Any]) -> str:
+        if r[key] is None:
+            return "- | -"
+        e = r["speedup_error"][key]
+        return (f"{r[key]['speedup']:.2f}x ({r[key]['mean_speedup']:.2f}x) | "
+                f"{e['speedup']:+.0%} ({e['mean_speedup']:+.0%})")
+
+    for r in rows:
+        t, n = r["there"], sum(r["there"]["modes"].values())
+        lines.append(f"| {r['method']} | {t['speedup']:.2f}x ({t['mean_speedup']:.2f}x) | {_mix(t['modes'], n)} | "
+                     f"{_counts(t['fallbacks'])} | {cells('recorded', r)} | {cells('redecided', r)} |")
+    return "\n".join(lines)

@@ -9,7 +9,8 @@ def rows(pieces: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
     """(name, timing) in the order of a control step, one row per tree size."""
     out = [(name, pieces[name]) for name in ("vision", "prefill", "decode_step") if name in pieces]
     out += [(f"tree_verify_{n}", t) for n, t in pieces.get("tree_verify", {}).items()]
-    out += [(name, pieces[name]) for name in ("drafter_pass", "datastore_query") if name in pieces]
+    out += [(name, pieces[name]) for name in ("drafter_pass", "drafter_proposal", "datastore_query",
+                                              "retrieval_proposal") if name in pieces]
     return out
 
 
@@ -17,7 +18,8 @@ def format_table(result: dict[str, Any]) -> str:
     pieces = result["pieces_ms"]
     step = pieces["decode_step"]["median_ms"]
     head = (f"{result['target']} on {result['device_name']} ({result['dtype']}, prefix {result['prefix_len']} tokens, "
-            f"median of {result['repeats']} after {result['warmup']} warm-up runs)")
+            f"median of {result['repeats']} after {result['warmup']} warm-up runs"
+            f"{f', the pieces taking {rounds} turns' if (rounds := result.get('rounds', 1)) > 1 else ''})")
     lines = [head, "", "| piece | median ms | p10 ms | p90 ms | decode steps |", "|---|---|---|---|---|"]
     for name, t in rows(pieces):
         lines.append(f"| {name} | {t['median_ms']:.2f} | {t['p10_ms']:.2f} | {t['p90_ms']:.2f} | "

@@ -26,20 +26,41 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+Piece = tuple[Callable[[], object], Callable[[object], None] | None]  # (work, untimed `after(result)`)
+
+
 def measure(work: Callable[[], object], device: torch.device, repeats: int, warmup: int,
             after: Callable[[object], None] | None = None) -> Timing:
     """Time `work()`; `after(result)` runs untimed after each call (e.g. roll a KV cache back)."""
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    times = []
-    for i in range(warmup + repeats):
-        _sync(device)
-        start = time.perf_counter()
-        result = work()
-        _sync(device)
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-        if after is not None:
-            after(result)
+    return measure_rounds({"work": (work, after)}, device, repeats, warmup)["work"]
+
+
+def measure_rounds(pieces: dict[str, Piece], device: torch.device, repeats: int, warmup: int,
+                   rounds: int = 1) -> dict[str, Timing]:
+    """Time several pieces, each in a tight loop (warm, as consecutive passes of a step are), in
+    `rounds` turns: per turn each piece runs its share of the `repeats`, after one untimed run
+    (and `warmup` of them in the first turn). On a shared machine a change in load then hits
+    every piece alike, and their ratios hold; `rounds=1` times each piece once, start to end."""
+    if repeats < 1 or warmup < 0 or not 1 <= rounds <= repeats:
+        raise ValueError(f"need repeats >= 1, warmup >= 0 and 1 <= rounds <= repeats, "
+                         f"got {repeats}, {warmup}, {rounds}")
+    times: dict[str, list[float]] = {name: [] for name in pieces}
+    for r in range(rounds):
+        share = repeats // rounds + (r < repeats % rounds)
+        untimed = warmup if r == 0 else 1  # the other pieces ran in between: one run to warm up again
+        for name, (work, after) in pieces.items():
+            for i in range(untimed + share):
+                _sync(device)
+                start = time.perf_counter()
+                result = work()
+                _sync(device)
+                if i >= untimed:
+                    times[name].append((time.perf_counter() - start) * 1e3)
+                if after is not None:
+                    after(result)
+    return {name: _timing(t) for name, t in times.items()}
+
+
+def _timing(times: list[float]) -> Timing:
     t = np.asarray(times)
     return Timing(float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90)), len(t))

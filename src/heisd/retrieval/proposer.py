@@ -129,6 +129,8 @@ class RetrievalStepStats:
     continuations: int = 0  # later trees of this step drawn from the agreeing retrieved sequences
     gripper_veto: bool = False  # the guard refused a skip (the draft moves the gripper, or no previous action)
     choices: list[CostChoice] = field(default_factory=list)  # the fallback's cost-rule choices this step
+    fallback_from: int | None = None  # tokens emitted when the fallback took over (None: it never did)
+    fallback_passes: int = 0  # verify passes of the fallback's proposals (the step's last ones)
 
 
 class RetrievalProposer(Proposer):
@@ -220,6 +222,9 @@ class RetrievalProposer(Proposer):
 
     def _fall_back(self, state: DecodeState) -> Proposal | None:
         self._delegated = True
+        stats = self._stats  # a fallback proposal is never skipped: each is one verify pass
+        stats.fallback_from = len(state.emitted) if stats.fallback_from is None else stats.fallback_from
+        stats.fallback_passes += 1
         return self.fallback.propose(state) if self.fallback is not None else None
 
     def _query(self) -> RetrievalResult:

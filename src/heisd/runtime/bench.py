@@ -15,6 +15,7 @@ from pathlib import Path
 
 from heisd.runtime.evaluation import EvalConfig, EvalRun
 from heisd.runtime.methods import MethodConfig, build_decoders
+from heisd.runtime.options import make_recorder
 from heisd.runtime.policy import VLAPolicy
 from heisd.runtime.runinfo import EVAL_RUN, run_identity
 from heisd.storage import OutputKind, directory_lock, refuse_foreign, write_json, write_text
@@ -62,10 +63,13 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
 
 
 def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True,
-              persist: MethodConfig | None = None, target_path: str | None = None) -> list[dict]:
+              persist: MethodConfig | None = None, target_path: str | None = None,
+              record_options: bool = False) -> list[dict]:
     """Evaluate each configuration into out/<label>/ (each resumable, each run.json with the
     resources' fingerprints). `persist`: the configuration whose online skip thresholds are
     merged into the datastore manifest once all its episodes are done (none when None).
+    `record_options`: configurations with a cost-based choice also record, per step and untimed,
+    what each of its options would have done (`runtime.options`, for `heisd project`).
 
     Methods take turns episode by episode rather than one after the other, so a change in
     machine load during the run (this machine is shared) hits every method alike and the
@@ -80,13 +84,17 @@ def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, p
     out = Path(out)
     refuse_foreign(out, BENCH_RUN)
     policies = [VLAPolicy(target, build_decoders(mc, target)) for mc in configs]
+    if record_options:
+        for mc, policy in zip(configs, policies, strict=True):
+            policy.recorder = make_recorder(mc, target, policy.decoders)
     if persist is not None:
         check_persistable(policies[configs.index(persist)].skip_thresholds())
     fingerprint = target.fingerprint()
     with ExitStack() as held:
         held.enter_context(directory_lock(out))
-        runs = [held.enter_context(EvalRun(mc.label, cfg, out / _folder(mc), run_identity(fingerprint, mc, target_path)))
-                for mc in configs]
+        runs = [held.enter_context(EvalRun(mc.label, cfg, out / _folder(mc),
+                                           _identity(fingerprint, mc, target_path, policy)))
+                for mc, policy in zip(configs, policies, strict=True)]
         for run, policy in zip(runs, policies):
             run.attach(policy)
         pending = [set(run.pending()) for run in runs]
@@ -110,6 +118,13 @@ def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, p
             s["speedup"] = ar / s["latency_ms"]["median"]
         write_json(out / BENCH_FILE, summaries)
     return summaries
+
+
+def _identity(fingerprint: str, mc: MethodConfig, target_path: str | None, policy: VLAPolicy) -> dict:
+    identity = run_identity(fingerprint, mc, target_path)
+    if policy.recorder is not None:  # a resume must record them too: a projection re-decides every step or none
+        identity["record_options"] = True
+    return identity
 
 
 def _folder(mc: MethodConfig) -> str:

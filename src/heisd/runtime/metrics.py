@@ -18,6 +18,8 @@ def episode_steps(records: list[StepRecord]) -> dict:
         "tokens_per_forward": [round(r.tokens_per_forward, 4) for r in records],
         "accepted": [r.accepted for r in records],  # per step: accepted draft tokens per verify pass
         "draft_depth": [r.draft_depths for r in records],  # per step: the verified tree's depth per pass
+        "draft_size": [r.draft_sizes for r in records],  # per step: the verified tree's draft tokens per pass
+        "fallback": [list(r.fallback) for r in records],  # per step: [passes, tokens] of retrieval's fallback
         "skipped": [r.skipped for r in records],
         "mode": [r.mode for r in records],
         "metric": [None if r.metric is None else round(r.metric, 5) for r in records],
@@ -26,6 +28,8 @@ def episode_steps(records: list[StepRecord]) -> dict:
         # per step: [rule, option, expected ms or None, actual ms, tokens] of each cost-rule choice
         "choices": [[[c.rule, c.option, None if c.expected_ms is None else round(c.expected_ms, 4),
                       round(c.actual_ms, 4), c.tokens] for c in r.choices] for r in records],
+        # per step (`--record-options`): what each mode and fallback would have done (`runtime.options`)
+        **({"options": [r.options for r in records]} if any(r.options is not None for r in records) else {}),
     }
 
 

@@ -16,6 +16,7 @@ import torch
 from heisd.errors import InputError, NonFiniteError
 from heisd.kinematics import TrajectoryTracker
 from heisd.runtime.methods import Decoders, MethodConfig, build_decoders
+from heisd.runtime.options import OptionRecorder, fallback_of
 from heisd.targets import Target
 
 
@@ -38,6 +39,10 @@ class StepRecord:
     decode_ms: float = 0.0  # the decode loop's own time (prefill + draft + verify + bookkeeping)
     expected_ms: float | None = None  # the switch's prediction of decode_ms (cost-aware switch only)
     choices: list = field(default_factory=list)  # CostChoice of the fallback and tree rules this step
+    draft_sizes: list[int] = field(default_factory=list)  # draft tokens each verify pass checked (0: a plain AR pass)
+    # retrieval's fallback: [its verify passes, the tokens it emitted] (a list: a record round-trips through JSON)
+    fallback: list[int] = field(default_factory=lambda: [0, 0])
+    options: dict | None = None  # what the other modes and fallbacks would have done (`OptionRecorder`), untimed
 
     def as_dict(self) -> dict:
         """The record as plain values (what the servers send): `dataclasses.asdict`'s result, built
@@ -50,6 +55,9 @@ class StepRecord:
 class VLAPolicy:
     target: Target  # the small VLA or OpenVLA
     decoders: Decoders
+    # records, after each step and outside its latency, what every option of the cost rules would have
+    # done on the same frame (`heisd bench --record-options`; `heisd project` re-decides with it)
+    recorder: OptionRecorder | None = None
     instruction: str = ""
     task: str | None = None
     _prompt: torch.Tensor | None = field(default=None, repr=False)
@@ -140,8 +148,11 @@ class VLAPolicy:
             ee_source=ee_source, skipped=result.skipped_tokens > 0, mode=mode, metric=metric,
             deviation=result.deviation,
             decode_ms=timing.prefill_ms + timing.draft_ms + timing.verify_ms + timing.other_ms, expected_ms=expected,
-            choices=list(getattr(result.proposer_stats, "choices", [])),
+            choices=list(getattr(result.proposer_stats, "choices", [])), draft_sizes=list(result.draft_sizes),
+            fallback=list(fallback_of(result)),
         )
+        if self.recorder is not None:  # after the step's clock stopped: the shadow decodes are not its latency
+            record.options = self.recorder.record(prefix, context, mode, result, self._tracker)
         return actions, record
 
     def _mode(self, ee_path, state: np.ndarray) -> tuple[str, float | None, float | None, str | None]:
