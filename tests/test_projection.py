@@ -10,7 +10,7 @@ import pytest
 
 from heisd.cli import main
 from heisd.kinematics import CostAwareSwitch, KinematicConfig, KinematicStats
-from heisd.profiling.passes import StepPasses, split_step
+from heisd.runtime.passes import StepPasses, split_step
 from heisd.profiling.projection import PieceCosts, RecordedStep, distribution, price_recorded
 from heisd.profiling.redecide import redecide
 

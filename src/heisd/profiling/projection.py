@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from heisd.profiling.passes import Pass, StepPasses, split_step
+from heisd.runtime.passes import Pass, StepPasses, split_step
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from heisd.decoding import DecodeResult
 from heisd.decoding.cost_rule import OptionCosts
 from heisd.decoding.loop import Timing
 from heisd.kinematics import CostAwareSwitch
-from heisd.profiling.passes import StepPasses
+from heisd.runtime.passes import StepPasses
 from heisd.profiling.projection import PieceCosts, Priced, ProjectedStep, RecordedStep
 
 FALLBACK_ORDER = ("ar", "jacobi", "drafter")  # the order `CostFallback` tries them (runtime.methods)

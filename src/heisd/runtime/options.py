@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from heisd.profiling.passes import StepPasses, split_step
+from heisd.runtime.passes import StepPasses, split_step
 
 if TYPE_CHECKING:
     import torch
