@@ -10,9 +10,9 @@ import pytest
 
 from heisd.cli import main
 from heisd.kinematics import CostAwareSwitch, KinematicConfig, KinematicStats
-from heisd.runtime.passes import StepPasses, split_step
 from heisd.profiling.projection import PieceCosts, RecordedStep, distribution, price_recorded
 from heisd.profiling.redecide import redecide
+from heisd.runtime.passes import StepPasses, split_step
 
 
 def profile(prefill=10.0, decode=3.0, tree8=4.0, tree32=6.0, drafter=0.5, query=0.25) -> dict:
@@ -268,3 +268,59 @@ def test_project_re_decides_a_recorded_bench(recorded_bench, tmp_path) -> None:
     for row in rows:
         d = row["redecided"]
         assert sum(d["modes"].values()) == row["steps"] and d["mean_ms"] > 0 and d["speedup"] > 0
+
+
+# ----- host time: the run's measured time outside the profiled pieces, carried over per step -----
+def test_host_time_is_added_per_step_and_carried_unchanged() -> None:
+    """Each step's projection is its priced pieces plus its own measured host time, under any profile."""
+    hosts = [0.5, 1.0, 3.0]
+    steps = [RecordedStep("retrieval", StepPasses(True, ((32, 0),)), None, 0.0, None, h) for h in hosts]
+    bare = 2 + 0.25 + 10 + 6
+    for costs in (COSTS, GPU):
+        out = price_recorded(steps, costs)
+        priced_alone = costs.step("retrieval", True, ((32, 0),)).total
+        assert [p.ms for p in out] == pytest.approx([priced_alone + h for h in hosts])
+        assert [p.host_ms for p in out] == hosts  # the same milliseconds whatever the device
+    d = distribution(price_recorded(steps, COSTS))
+    assert d["median_ms"] == pytest.approx(bare + 1.0) and d["host_median_ms"] == 1.0
+    assert d["host_mean_ms"] == pytest.approx(1.5)
+    # re-decided steps keep their own host time too
+    steps = [RecordedStep(s.mode, s.passes, s.fallback, 0.0, s.options, 2.0) for s in STEPS]
+    assert all(p.host_ms == 2.0 for p in redecide(steps, CONFIG, GPU, _switch(), 8))
+
+
+def test_host_time_is_other_plus_the_vision_column_beyond_the_profiled_pass() -> None:
+    from heisd.profiling.projection import host_ms
+
+    steps = {"breakdown_ms": {"other": [0.5, 0.7], "vision": [3.5, 1.0]}}
+    assert host_ms(steps, 2) == [0.5, 0.7]  # without the run's own profile: `other` alone
+    assert host_ms(steps, 2, source_vision_ms=2.0) == pytest.approx([2.0, 0.7])  # never below 0
+    assert host_ms({}, 2) == [0.0, 0.0]  # an older run kept no breakdown
+
+
+def test_a_run_with_more_host_time_projects_a_slower_method(tmp_path, capsys) -> None:
+    """Two methods with the same passes, one with a larger measured 'other' (and vision column):
+    the projection carries the difference over, and the table shows it in its own column."""
+    step = {"mode": "drafter", "target_forwards": 8, "accepted": [0] * 7, "draft_depth": [0] * 7,
+            "draft_size": [0] * 7, "fallback": [0, 0], "choices": [], "latency_ms": 20.0}
+    bench = []
+    for label, other, vision in (("ar", 0.5, 2.0), ("slow", 2.5, 3.0)):
+        (tmp_path / label).mkdir()
+        columns = {k: [v] * 4 for k, v in step.items()}
+        columns["breakdown_ms"] = {"other": [other] * 4, "vision": [vision] * 4}
+        (tmp_path / label / "episodes.jsonl").write_text(json.dumps({"steps": columns}) + "\n")
+        bench.append({"method": label, "dir": label, "config": {**CONFIG, "method": "ar"}})
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    from heisd.profiling.projection import format_projection, project_bench
+
+    rows = project_bench(tmp_path, PROFILE)
+    assert rows[1]["recorded"]["median_ms"] - rows[0]["recorded"]["median_ms"] == pytest.approx(2.0)
+    assert rows[1]["recorded"]["speedup"] < 1.0 and rows[1]["recorded"]["host_median_ms"] == 2.5
+    rows = project_bench(tmp_path, PROFILE, source_profile=PROFILE)  # vision profiled at 2.0 there
+    assert rows[1]["recorded"]["host_median_ms"] == pytest.approx(3.5)
+    assert rows[1]["recorded"]["median_ms"] - rows[0]["recorded"]["median_ms"] == pytest.approx(3.0)
+    assert "| host median / mean ms |" in format_projection(rows, PROFILE)
+    (tmp_path / "p.json").write_text(json.dumps(PROFILE))
+    assert main(["project", "--bench", str(tmp_path), "--profile", str(tmp_path / "p.json"),
+                 "--source-profile", str(tmp_path / "p.json")]) == 0
+    assert "| 3.50 / 3.50 |" in capsys.readouterr().out

@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", type=Path, default=None,
                    help="a `heisd bench --out` directory of the same methods measured on the profile's device: its "
                         "speedups and mode mix go beside the projected ones, with the error of each")
+    p.add_argument("--source-profile", type=Path, default=None,
+                   help="a `heisd profile` JSON taken on the device (and thread count) that ran --bench: the vision "
+                        "column beyond its vision pass is then carried over as host time, like 'other' always is")
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing projection at --out")
 
@@ -41,13 +44,21 @@ def run(args: argparse.Namespace) -> int:
         profile = json.loads(args.profile.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise SystemExit(f"--profile {args.profile}: not a readable profile JSON ({e})") from e
+    source = None
+    if args.source_profile is not None:
+        try:
+            source = json.loads(args.source_profile.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"--source-profile {args.source_profile}: not a readable profile JSON ({e})") from e
     try:
-        rows = project_bench(args.bench, profile, args.datastore, args.compare)
+        rows = project_bench(args.bench, profile, args.datastore, args.compare, source)
     except (KeyError, ValueError, DatastoreError) as e:
         raise SystemExit(f"heisd project: {e}") from e
     print(format_projection(rows, profile))
     if args.out is not None:
         write_json(args.out, {"projection": True, "profile": recorded_path(args.profile),
                               "bench": recorded_path(args.bench),
-                              "compare": None if args.compare is None else recorded_path(args.compare), "rows": rows})
+                              "compare": None if args.compare is None else recorded_path(args.compare),
+                              "source_profile": None if args.source_profile is None
+                              else recorded_path(args.source_profile), "rows": rows})
     return 0

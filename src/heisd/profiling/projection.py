@@ -12,10 +12,18 @@ Two projections per method:
 A step costs vision, in retrieval mode its proposal (the query and the group tree; a prefill skip
 the query alone), the prefill unless it was skipped, and per verify pass the verification of its
 draft tokens (linear between the profiled tree sizes; no draft is a decode step) plus its drafter
-proposal (the profiled proposal less the levels it did not run). The loop's bookkeeping and the
-mode decision are not modelled, so projected milliseconds are a lower bound (BENCHMARKS 6.4);
-speedups are the number to compare. The executed actions stay the recorded ones: a re-decided
-choice changes which passes run and what they cost, not the episode.
+proposal (the profiled proposal less the levels it did not run).
+
+Plus the step's **host time** (`host_ms`), carried over per step as the run measured it: the time
+the run spent outside the profiled pieces, which is Python/host bookkeeping that does not change
+with the device's compute or the thread count. It is the step's `other` (acceptance, cache
+compaction, the loop's bookkeeping, token-to-action decoding, the switch's update) plus the part
+of its `vision` column beyond the profiled vision pass on the run's own device (the switch's
+decision and F, the frame's conversion, the retrieval key's copy to the host), the latter only
+where that device's profile is given (`source_profile`; never below 0). Without it only `other`
+is carried and projected milliseconds are a lower bound (BENCHMARKS 6.4.1). A re-decided step
+keeps its own measured host time, whatever mode it moves to. The executed actions stay the
+recorded ones: a re-decided choice changes which passes run and what they cost, not the episode.
 """
 
 from __future__ import annotations
@@ -112,21 +120,26 @@ class RecordedStep:
     fallback: str | None  # the fallback that ran
     latency_ms: float  # measured
     options: dict[str, Any] | None  # `--record-options`: every option on this frame
+    host_ms: float = 0.0  # measured time outside the profiled pieces, carried over as is (see the module doc)
 
 
 @dataclass(frozen=True)
 class ProjectedStep:
     mode: str
     fallback: str | None
-    ms: float
+    ms: float  # the priced pieces plus host_ms
+    host_ms: float = 0.0
 
 
-def read_steps(path: Path, config: dict[str, Any], n_tokens: int) -> list[RecordedStep]:
-    """The steps of a method's episodes.jsonl, in the order they ran."""
+def read_steps(path: Path, config: dict[str, Any], n_tokens: int,
+               source_vision_ms: float | None = None) -> list[RecordedStep]:
+    """The steps of a method's episodes.jsonl, in the order they ran. `source_vision_ms`: the
+    profiled vision pass on the device that ran them (what of the vision column is not host time)."""
     out = []
     for line in path.read_text().splitlines():
         s = json.loads(line)["steps"]
         count = len(s["mode"])
+        hosts = host_ms(s, count, source_vision_ms)
         for i in range(count):
             mode, fallback = s["mode"][i], _column(s, "fallback", count)[i]
             ran = _ran_fallback(_column(s, "choices", count, [])[i], config) if mode == "retrieval" else None
@@ -137,8 +150,20 @@ def read_steps(path: Path, config: dict[str, Any], n_tokens: int) -> list[Record
                                 config, n_tokens)
             if not passes.tokens_left:
                 ran = None
-            out.append(RecordedStep(mode, passes, ran, float(s["latency_ms"][i]), _column(s, "options", count)[i]))
+            out.append(RecordedStep(mode, passes, ran, float(s["latency_ms"][i]), _column(s, "options", count)[i],
+                                    hosts[i]))
     return out
+
+
+def host_ms(steps: dict[str, Any], count: int, source_vision_ms: float | None = None) -> list[float]:
+    """Per step, the measured time outside the profiled pieces: the breakdown's `other`, plus the
+    vision column beyond `source_vision_ms` (the profiled vision on the run's device) where given.
+    0 where an older run kept no breakdown."""
+    breakdown = steps.get("breakdown_ms") or {}
+    other = breakdown.get("other", [0.0] * count)
+    vision = breakdown.get("vision", [0.0] * count)
+    beyond = (lambda v: max(float(v) - source_vision_ms, 0.0)) if source_vision_ms is not None else (lambda v: 0.0)
+    return [float(o) + beyond(v) for o, v in zip(other, vision, strict=True)]
 
 
 def _column(steps: dict[str, list], key: str, count: int, empty: Any = None) -> list:
@@ -153,14 +178,18 @@ def _ran_fallback(choices: list, config: dict[str, Any]) -> str:
 
 
 def price_recorded(steps: Sequence[RecordedStep], costs: PieceCosts) -> list[ProjectedStep]:
-    return [ProjectedStep(s.mode, s.fallback, costs.step(s.mode, s.passes.prefill, s.passes.passes(s.fallback)).total)
+    """Each step as it ran, priced with `costs`, plus its own measured host time."""
+    return [ProjectedStep(s.mode, s.fallback, s.host_ms + costs.step(s.mode, s.passes.prefill,
+                                                                     s.passes.passes(s.fallback)).total, s.host_ms)
             for s in steps]
 
 
 def distribution(steps: Sequence[ProjectedStep]) -> dict[str, Any]:
-    """Mean, median and p90 of the projected step latencies; steps per mode and per fallback."""
-    ms = np.asarray([s.ms for s in steps])
+    """Mean, median and p90 of the projected step latencies (host time included, and on its own);
+    steps per mode and per fallback."""
+    ms, host = np.asarray([s.ms for s in steps]), np.asarray([s.host_ms for s in steps])
     return {"mean_ms": float(ms.mean()), "median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
+            "host_median_ms": float(np.median(host)), "host_mean_ms": float(host.mean()),
             "modes": dict(sorted(Counter(s.mode for s in steps).items())),
             "fallbacks": dict(sorted(Counter(s.fallback for s in steps if s.fallback).items()))}
 
@@ -184,16 +213,19 @@ def measured(steps: Sequence[RecordedStep]) -> dict[str, Any]:
 
 
 def project_bench(bench_dir: Path, profile: dict[str, Any], datastore: Path | None = None,
-                  compare: Path | None = None) -> list[dict[str, Any]]:
+                  compare: Path | None = None, source_profile: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per method of a bench run: measured, projected (recorded choices) and projected
     (re-decided) latency distribution and speedups. `datastore`: where the cost switch's
     calibration is, when not where the run recorded it. `compare`: a bench of the same methods
-    measured on the profile's device (its numbers go beside the projection, as "there")."""
+    measured on the profile's device (its numbers go beside the projection, as "there").
+    `source_profile`: a profile of the device that ran the bench; with it the vision column beyond
+    its vision pass is host time too (carried over, as `other` always is)."""
     from heisd.profiling.redecide import redecide
 
     summaries = json.loads((bench_dir / "bench.json").read_text())
     n_tokens = int(profile["spec"]["n_action_tokens"])
     costs = PieceCosts.from_profile(profile)
+    source_vision = None if source_profile is None else PieceCosts.from_profile(source_profile).vision
     there = {}
     if compare is not None:
         for s in json.loads((compare / "bench.json").read_text()):
@@ -204,7 +236,7 @@ def project_bench(bench_dir: Path, profile: dict[str, Any], datastore: Path | No
     rows = []
     for s in summaries:
         config = s["config"]
-        steps = read_steps(bench_dir / s["dir"] / "episodes.jsonl", config, n_tokens)
+        steps = read_steps(bench_dir / s["dir"] / "episodes.jsonl", config, n_tokens, source_vision)
         row: dict[str, Any] = {"method": s["method"], "steps": len(steps), "measured": measured(steps),
                                "recorded": distribution(price_recorded(steps, costs))}
         if there:
@@ -273,14 +305,17 @@ def format_projection(rows: list[dict[str, Any]], profile: dict[str, Any]) -> st
     device += f", {profile['threads']} threads)" if "threads" in profile else ")"
     head = [f"PROJECTION for {profile['target']} on {device}, from the steps of a measured run.",
             "Speedups: AR's median (mean) step over the method's. Modes: share of steps; fallbacks: steps that "
-            "reached each.", "",
+            "reached each. Host: the run's measured time outside the profiled pieces, carried over per step and "
+            "included in the projected ms.", "",
             "| method | steps | measured median / mean ms | measured speedup (mean) | modes | fallbacks "
-            "| projected median / mean ms | projected speedup (mean) |", "|---|---|---|---|---|---|---|---|"]
+            "| host median / mean ms | projected median / mean ms | projected speedup (mean) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     lines = []
     for r in rows:
         m, p, n = r["measured"], r["recorded"], r["steps"]
         lines.append(f"| {r['method']} | {n} | {m['median_ms']:.2f} / {m['mean_ms']:.2f} | {m['speedup']:.2f}x "
                      f"({m['mean_speedup']:.2f}x) | {_mix(m['modes'], n)} | {_counts(m['fallbacks'])} | "
+                     f"{p['host_median_ms']:.2f} / {p['host_mean_ms']:.2f} | "
                      f"{p['median_ms']:.2f} / {p['mean_ms']:.2f} | {p['speedup']:.2f}x ({p['mean_speedup']:.2f}x) |")
     re_head = ["", "RE-DECIDED under the profile's costs: the cost switch's mode and the cost fallback replayed "
                "step by step (other choices as recorded).", "",

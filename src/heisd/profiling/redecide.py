@@ -21,8 +21,8 @@ from heisd.decoding import DecodeResult
 from heisd.decoding.cost_rule import OptionCosts
 from heisd.decoding.loop import Timing
 from heisd.kinematics import CostAwareSwitch
-from heisd.runtime.passes import StepPasses
 from heisd.profiling.projection import PieceCosts, Priced, ProjectedStep, RecordedStep
+from heisd.runtime.passes import StepPasses
 
 FALLBACK_ORDER = ("ar", "jacobi", "drafter")  # the order `CostFallback` tries them (runtime.methods)
 
@@ -69,7 +69,7 @@ def redecide(steps: Sequence[RecordedStep], config: dict[str, Any], costs: Piece
         priced = costs.step(mode, passes.prefill, passes.passes(fallback))
         if switch is not None:
             switch.observe(mode, metric, _as_result(priced, n_tokens))  # type: ignore[arg-type]
-        out.append(ProjectedStep(mode, fallback, priced.total))
+        out.append(ProjectedStep(mode, fallback, priced.total + step.host_ms, step.host_ms))  # host time as measured
     return out
 
 
