@@ -39,10 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from heisd.benchmarks.registry import resolve_tasks
+    from heisd.benchmarks.registry import check_target, resolve_tasks
     from heisd.commands.common import (
         camera_of,
-        check_closed_loop,
         closed_loop_unnorm_key,
         load_target,
         max_steps_of,
@@ -69,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         configs = [c for c in configs if c.method == "ar" or c.label in args.only]
     closed_loop_unnorm_key(args)
     target = load_target(args)
-    check_closed_loop(args, target)
+    check_target(args.benchmark, target.spec)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps, camera=camera_of(args), benchmark=args.benchmark,
                      protocol=target.spec.protocol, center_crop=not args.no_center_crop)
     out = Path(args.out)

@@ -230,14 +230,6 @@ def check_demos_camera(target: str, demos) -> None:
                              f"camera {trained!r} ({target}/train_info.json): record it with --camera {trained}")
 
 
-def check_closed_loop(args: argparse.Namespace, target) -> None:
-    """A closed-loop run (eval, bench) needs a target whose actions the benchmark's robot takes; a
-    target with OpenVLA's conventions runs on LIBERO with OpenVLA's protocol (`TargetSpec.protocol`)."""
-    from heisd.benchmarks.registry import check_target
-
-    check_target(args.benchmark, target.spec)
-
-
 def closed_loop_unnorm_key(args: argparse.Namespace) -> None:
     """An OpenVLA target run on a LIBERO suite without --unnorm-key de-normalizes with the suite's
     statistics, as OpenVLA's eval (run_libero_eval.py) does: `<suite>`, else `<suite>_no_noops`."""

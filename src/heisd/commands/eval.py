@@ -32,10 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from heisd.benchmarks.registry import resolve_tasks
+    from heisd.benchmarks.registry import check_target, resolve_tasks
     from heisd.commands.common import (
         camera_of,
-        check_closed_loop,
         closed_loop_unnorm_key,
         load_policy,
         max_steps_of,
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = method_config(args)
         closed_loop_unnorm_key(args)
         policy, label = load_policy(args, cfg), cfg.label
-        check_closed_loop(args, policy.target)
+        check_target(args.benchmark, policy.target.spec)
         identity, chunk = run_identity(policy.target.fingerprint(), cfg, args.target), policy.target.spec.chunk
         protocol = policy.target.spec.protocol
     if args.execute > chunk:

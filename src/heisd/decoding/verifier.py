@@ -125,8 +125,8 @@ class Verifier:
     def commit(cache: DynamicCache, verification: Verification, accepted_nodes: Sequence[int]) -> None:
         """Keep in the cache only the prefix, the roots and the accepted path, in place (EAGLE's
         way): the accepted nodes' rows move up behind the roots, then the tail is cut off. Only
-        those rows are copied, never the prefix (~300 positions x 32 layers at OpenVLA-7B)."""
-        check_cache(cache)
+        those rows are copied, never the prefix (~300 positions x 32 layers at OpenVLA-7B). `cache`
+        is one `prefill` made, whose layers were checked there (`check_cache`)."""
         start = verification.past_len + verification.n_roots
         nodes = torch.as_tensor(list(accepted_nodes), dtype=torch.long)
         kept = len(nodes)

@@ -41,21 +41,16 @@ def json_file_with(*keys: str) -> Callable[[Path], bool]:
     return recognize
 
 
-@dataclass(frozen=True)
 class json_with:  # noqa: N801 (used like the other recognizers, which are functions)
     """Recognize a directory by a JSON object file `name` holding all of `keys`. `name` is the
     directory's marker: when it is there but unreadable, the error says so instead of calling
     the directory foreign."""
 
-    marker: str
-    keys: tuple[str, ...]
-
     def __init__(self, name: str, *keys: str) -> None:
-        object.__setattr__(self, "marker", name)
-        object.__setattr__(self, "keys", keys)
+        self.marker, self._is_record = name, json_file_with(*keys)
 
     def __call__(self, path: Path) -> bool:
-        return json_file_with(*self.keys)(path / self.marker)
+        return self._is_record(path / self.marker)
 
 
 def hdf5_with_attr(group: str, attr: str) -> Callable[[Path], bool]:
