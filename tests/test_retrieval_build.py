@@ -165,19 +165,22 @@ def test_calibrated_thresholds_follow_from_the_stored_frames(built, tmp_path) ->
     """theta is the smallest observed similarity whose skips reach the precision (brute force here),
     and the hybrid threshold is what calibrate_threshold picks from the stored per-frame numbers."""
     from heisd.kinematics import calibrate_threshold
+    from heisd.retrieval.verify_skip import wilson_lower_bound
 
     heldout = tmp_path / "heldout.hdf5"
     write_demos(heldout, episodes=3, seed=6)
     copy = tmp_path / "store"
     shutil.copytree(built["store"], copy)
     assert main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
-                 "--demos", str(heldout), "--frames", "40", "--threads", "1", "--precision", "0.5"]) == 0
+                 "--demos", str(heldout), "--frames", "40", "--threads", "1", "--precision", "0.5",
+                 "--min-support", "5"]) == 0
     extras = json.loads((copy / "manifest.json").read_text())["extras"]
     frames = extras["calibration_frames"]
 
     def brute_theta(sims, passes, precision):
-        ok = [t for t in sorted(set(sims)) if (lambda sel: sel and sum(sel) >= precision * len(sel) - 1e-9)(
-            [p for s, p in zip(sims, passes) if s >= t])]
+        def supported(sel):
+            return len(sel) >= 5 and wilson_lower_bound(sum(sel), len(sel), 0.95) >= precision - 1e-9
+        ok = [t for t in sorted(set(sims)) if supported([p for s, p in zip(sims, passes) if s >= t])]
         return min(ok) if ok else None
 
     guard = np.asarray(frames["guard"], bool)
@@ -187,6 +190,11 @@ def test_calibrated_thresholds_follow_from_the_stored_frames(built, tmp_path) ->
     assert (expected is None and theta > 1.0) or theta == pytest.approx(expected, abs=1e-5)
     expected = brute_theta(frames["key_similarity"], frames["passes_full"], 0.5)
     assert expected is not None and extras["prefill_skip"]["theta"] == pytest.approx(expected, abs=1e-5)
+    support = extras["prefill_skip"]["support"]  # the support stored next to theta is what theta skips
+    skipped = np.asarray(frames["key_similarity"]) >= extras["prefill_skip"]["theta"]
+    assert support["skipped"] == skipped.sum() >= 5 and support["min_support"] == 5
+    assert support["passed"] == np.asarray(frames["passes_full"], bool)[skipped].sum()
+    assert support["lower_bound"] == pytest.approx(wilson_lower_bound(support["passed"], support["skipped"]))
     has_f = [f is not None for f in frames["F"]]
     pick = lambda key: np.asarray(frames[key])[has_f]  # noqa: E731
     assert extras["hybrid"]["threshold"] == pytest.approx(

@@ -26,8 +26,9 @@ from heisd.retrieval.online import persist_thresholds
 from heisd.storage import LOCK_FILE
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-CALIBRATION = {"verify_skip": {"theta": 0.9, "calibrated_theta": 0.85, "frames": 12},
-               "prefill_skip": {"theta": 0.95, "calibrated_theta": 0.9, "frames": 12}}
+SUPPORT = {"skipped": 60, "passed": 60, "lower_bound": 0.957, "confidence": 0.95, "min_support": 20, "frames": 80}
+CALIBRATION = {"verify_skip": {"theta": 0.9, "calibrated_theta": 0.85, "frames": 12, "support": SUPPORT},
+               "prefill_skip": {"theta": 0.95, "calibrated_theta": 0.9, "frames": 12, "support": SUPPORT}}
 
 
 @pytest.fixture(scope="module")

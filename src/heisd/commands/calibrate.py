@@ -10,7 +10,9 @@ that would skip at the calibrated theta counts n); the same for drafter SD (`--d
 without one the drafter mode is taken as AR, 1 token per forward); and the kinematic metric
 F over the episode's last w positions.
 theta = `calibrate_theta` over frames where the free first-token guard holds (others never
-skip); the prefill-skip theta the same over the top-1 key similarity, every frame, with the
+skip): the smallest theta that skips at least `--min-support` frames whose Wilson lower bound
+on precision (`--confidence`) reaches `--precision`, else never skip (a warning says why); the
+prefill-skip theta the same over the top-1 key similarity, every frame, with the
 check on the whole action (no free first token before a prefill); threshold =
 `calibrate_threshold` over frames with F (the switch uses the drafter before w positions
 exist). Both, and the numbers behind them, go into the manifest's extras.
@@ -23,6 +25,7 @@ eval): retrieval mode with its acceptance rule, drafter mode with exact acceptan
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,6 +37,8 @@ HELP = "Calibrate verify-skip theta and the hybrid kinematic threshold on held-o
 HYBRID_KEY = "hybrid"  # extras: the calibrated F threshold and its numbers
 FRAMES_KEY = "calibration_frames"  # extras: per-frame numbers behind both
 
+log = logging.getLogger(__name__)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.commands.common import add_decoding_arguments, add_target_arguments
@@ -41,7 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_target_arguments(p)
     p.add_argument("--datastore", type=Path, required=True, help="datastore built for this target")
     p.add_argument("--demos", type=Path, nargs="+", required=True, help="held-out HDF5 demonstrations")
-    p.add_argument("--precision", type=float, default=0.95, help="required precision of skipped drafts")
+    p.add_argument("--precision", type=float, default=0.95,
+                   help="required precision of skipped drafts: a lower confidence bound on it must reach this")
+    p.add_argument("--min-support", type=int, default=20,
+                   help="fewest held-out frames a skip threshold must skip (fewer: never skip)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="one-sided level of the Wilson lower bound on the skipped frames' precision, in [0.5, 1) "
+                        "(0.5: the plain observed precision)")
     p.add_argument("--frames", type=int, default=512, help="held-out frames sampled (all if fewer)")
     # the decoders are built from these exactly as eval builds them: set them as the method will run
     add_decoding_arguments(p)
@@ -55,6 +66,12 @@ def run(args: argparse.Namespace) -> int:
     from heisd.retrieval.build import check_held_out
     from heisd.storage import directory_lock
 
+    if args.min_support < 1:
+        raise InputError(f"--min-support must be >= 1, got {args.min_support}")
+    if not 0.5 <= args.confidence < 1.0:
+        raise InputError(f"--confidence must be in [0.5, 1), got {args.confidence}")
+    if not 0.0 < args.precision <= 1.0:
+        raise InputError(f"--precision must be in (0, 1], got {args.precision}")
     check_demos_camera(args.target, args.demos)
     check_held_out(args.datastore, args.demos)
     with directory_lock(args.datastore, "heisd calibrate", create=False):
@@ -73,15 +90,15 @@ def _run(args: argparse.Namespace) -> int:
     faiss.omp_set_num_threads(1)  # one query per control step, as at run time
     target = load_target(args)
     datastore = open_datastore(args.datastore, target)
-    report = calibrate(target, datastore, args.demos, method, args.precision, args.frames, args.seed)
+    report = calibrate(target, datastore, args.demos, method, args.precision, args.frames, args.seed,
+                       min_support=args.min_support, confidence=args.confidence)
     skip, hybrid = report["verify_skip"], report["hybrid"]
     print(f"{'held-out frames':<22}{skip['frames_total']} ({skip['frames']} with the first-token guard)")
     print(f"{'top-1 hidden cos':<22}median {skip['similarity_median']:.4f}   draft passes {skip['pass_rate']:.2f}")
-    print(f"{'verify-skip theta':<22}{skip['theta']:.4f}   skip rate {skip['skip_rate']:.2f}   "
-          f"precision {skip['achieved_precision']:.3f} (target {args.precision})")
     pre = report["prefill_skip"]
-    print(f"{'prefill-skip theta':<22}{pre['theta']:.4f}   skip rate {pre['skip_rate']:.2f}   "
-          f"precision {pre['achieved_precision']:.3f} (key cos median {pre['similarity_median']:.4f})")
+    for name, record in (("verify-skip theta", skip), ("prefill-skip theta", pre)):
+        print(f"{name:<22}{_theta_line(record)}")
+    print(f"{'':<22}(key cos median {pre['similarity_median']:.4f})")
     print(f"{'hybrid threshold F':<22}{hybrid['threshold']:.4f}   retrieval fraction "
           f"{hybrid['retrieval_fraction']:.2f}   tokens/forward {hybrid['expected_tokens_per_forward']:.2f} "
           f"(retrieval {hybrid['tokens_per_forward_retrieval_mean']:.2f}, drafter={hybrid['drafter']} "
@@ -90,18 +107,34 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _theta_line(record: dict) -> str:
+    support = record["support"]
+    if record["theta"] > 1.0:
+        return f"never skip ({support['frames']} frames could skip; {record['unsupported']})"
+    return (f"{record['theta']:.4f}   skip rate {record['skip_rate']:.2f}   precision {record['achieved_precision']:.3f}"
+            f" on {support['skipped']} frames, {support['confidence']:.0%} lower bound {support['lower_bound']:.3f}"
+            f" (target {record['precision_target']})")
+
+
 def calibrate(target, datastore, demos: Sequence[str | Path], method, precision: float = 0.95, n_frames: int = 512,
-              seed: int = 0) -> dict[str, Any]:
+              seed: int = 0, *, min_support: int = 20, confidence: float = 0.95) -> dict[str, Any]:
     """Measure the held-out frames with `method`'s decoders (a retrieval or heisd `MethodConfig`,
-    skips off), set theta and the threshold, persist them; returns what was stored."""
+    skips off), set theta and the threshold, persist them; returns what was stored. A skip the
+    frames cannot support is stored as never-skip, with a warning saying why."""
     from heisd.kinematics import calibrate_threshold
     from heisd.retrieval.verify_skip import EXTRAS_KEY, PREFILL_SKIP_KEY, calibrate_theta
 
     m, where = _measure(target, datastore, demos, method, n_frames, seed)
-    theta = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision)
+    rule = {"min_support": min_support, "confidence": confidence}
+    fit = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision, **rule)
+    theta = fit.theta
     skipped = m["guard"] & (m["similarity"] >= theta)
-    theta_pre = calibrate_theta(m["key_similarity"], m["passes_full"], precision)
+    fit_pre = calibrate_theta(m["key_similarity"], m["passes_full"], precision, **rule)
+    theta_pre = fit_pre.theta
     pre_skipped = m["key_similarity"] >= theta_pre
+    for key, f in ((EXTRAS_KEY, fit), (PREFILL_SKIP_KEY, fit_pre)):
+        if f.reason is not None:
+            log.warning("%s: never skipping: %s", key, f.reason)
     n = target.spec.n_action_tokens
     tpf_r = np.where(skipped | pre_skipped, float(n), m["tokens_per_forward_verified"])
     tpf_d = m["tokens_per_forward_drafter"]
@@ -117,6 +150,7 @@ def calibrate(target, datastore, demos: Sequence[str | Path], method, precision:
         "skip_rate": float(skipped.mean()), "pass_rate": float(m["passes"].mean()),
         "achieved_precision": float(m["passes"][skipped].mean()) if skipped.any() else float("nan"),
         "similarity_median": float(np.median(m["similarity"])),
+        "support": fit.support(), **({"unsupported": fit.reason} if fit.reason else {}),
     }
     prefill = {
         "theta": theta_pre, "calibrated_theta": theta_pre, "precision_target": precision, "online_updates": 0,
@@ -124,6 +158,7 @@ def calibrate(target, datastore, demos: Sequence[str | Path], method, precision:
         "pass_rate": float(m["passes_full"].mean()),
         "achieved_precision": float(m["passes_full"][pre_skipped].mean()) if pre_skipped.any() else float("nan"),
         "similarity_median": float(np.median(m["key_similarity"])),
+        "support": fit_pre.support(), **({"unsupported": fit_pre.reason} if fit_pre.reason else {}),
     }
     hybrid = {
         "threshold": threshold, "frames": int(has_f.sum()), "drafter": "drafter" if method.drafter else "ar",

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from heisd.errors import UsageError
 from heisd.retrieval.datastore import Datastore
 from heisd.retrieval.manifest import MANIFEST, DatastoreError
-from heisd.retrieval.verify_skip import AdaptiveThreshold, calibrated_floor
+from heisd.retrieval.verify_skip import AdaptiveThreshold, calibrated_floor, clip_theta
 
 ONLINE_FIELDS = ("theta", "online_updates")  # what online updates change in a record; the rest is its calibration
 
@@ -46,6 +44,8 @@ def persist_thresholds(datastore: Datastore, skips: Sequence[AdaptiveThreshold])
 
     def edit(extras: dict) -> dict:
         for skip in skips:
+            if skip.theta_floor > 1.0:  # never skipping (calibration unsupported): nothing learnt to merge
+                continue
             now = extras.get(skip.extras_key)
             if now is None or calibration_of(now) != calibration_of(skip.source):
                 raise DatastoreError(
@@ -56,7 +56,7 @@ def persist_thresholds(datastore: Datastore, skips: Sequence[AdaptiveThreshold])
             theta = now["theta"] + skip.theta - skip.source["theta"]
             extras[skip.extras_key] = {
                 **now,
-                "theta": float(np.clip(theta, calibrated_floor(now), 1.0)),
+                "theta": clip_theta(theta, calibrated_floor(now)),
                 "online_updates": int(now.get("online_updates", 0)) + skip.updates,
             }
         return extras
