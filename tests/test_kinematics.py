@@ -19,6 +19,7 @@ from heisd.kinematics import (
     fused_metric,
     path_length,
 )
+from heisd.kinematics.cost import seed_passes
 
 CONFIG = KinematicConfig(alpha=0.5, window=15, r_cap=1.0, threshold=0.5)
 
@@ -264,6 +265,35 @@ def test_cost_switch_counts_prefill_skips_as_no_target_pass(stats) -> None:
     switch.observe("drafter", 0.9, _step(2, prefill=10.0, verify_each=10.0, draft=1.0))
     assert switch.expected_ms("retrieval", 0.9) == pytest.approx(0.5)  # the query only: no prefill, no verify
     assert switch.decide(0.9)[0] == "retrieval" and switch.expected_ms("drafter", 0.9) > 10.0
+
+
+def test_cost_switch_seeds_do_not_depend_on_frame_order(stats) -> None:
+    """512 frames, 128 per F bin (more than a bin's 64-step window), grouped by task as a
+    calibration file is: every order gives each bin the mean over all its frames."""
+    rng = np.random.default_rng(0)
+    tasks = np.repeat(np.arange(8), 64)  # 8 tasks in file order; later tasks retrieve better
+    f = rng.uniform(0.0, 1.0, 512)
+    frames = {"F": f.tolist(), "tokens_per_forward_retrieval": (1.0 + tasks * rng.uniform(0.5, 1, 512)).tolist(),
+              "tokens_per_forward_drafter": rng.uniform(1.0, 4.0, 512).tolist(),
+              "prefill_skipped": (rng.uniform(size=512) < 0.1).tolist()}
+    shuffled = rng.permutation(512)
+    reordered = {key: [values[i] for i in shuffled] for key, values in frames.items()}
+    switches = [CostAwareSwitch(CONFIG, stats, fr, n_tokens=8) for fr in (frames, reordered)]
+    np.testing.assert_allclose(switches[0].edges, switches[1].edges)
+    passes = seed_passes(frames, 8)
+    for mode in ("retrieval", "drafter"):
+        for b in range(4):
+            a, c = switches[0]._passes_in(mode, b), switches[1]._passes_in(mode, b)
+            assert a[0] == c[0] == 64 and a[1:] == pytest.approx(c[1:])  # the seed fills the window
+            in_bin = passes[mode][np.searchsorted(switches[0].edges, f, side="right") == b]
+            assert len(in_bin) > 64 and a[1] / a[0] == pytest.approx(in_bin.mean())
+            assert a[2] / a[0] == pytest.approx((in_bin > 0).mean())
+    # each observed step displaces one seeded slot: 64 steps replace the seed
+    switch = switches[0]
+    for _ in range(64):
+        switch.observe("retrieval", 0.01, _step(3, prefill=1.0, verify_each=1.0, draft=0.1))
+        assert switch._passes_in("retrieval", 0)[0] == 64
+    assert switch._passes_in("retrieval", 0) == (64, 3.0 * 64, 64)
 
 
 def _mixed_path(steps: int) -> np.ndarray:

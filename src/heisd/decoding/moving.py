@@ -45,16 +45,22 @@ class MovingMedian:
 
 
 class MovingMean:
-    """Mean of the latest `window` values and the share of them above zero, from running sums."""
+    """Mean of the latest `window` values and the share of them above zero, from running sums.
 
-    __slots__ = ("_values", "_sum", "_positive")
+    `seed`: a prior summary (count, mean, share above zero) of earlier values, e.g. every
+    calibration frame of a bin; it fills the window's empty slots (at most `window` of them, at
+    its mean) and each value added displaces one, as the oldest value of a full window is."""
 
-    def __init__(self, window: int) -> None:
+    __slots__ = ("_values", "_sum", "_positive", "_seed_count", "_seed_mean", "_seed_share")
+
+    def __init__(self, window: int, seed: tuple[int, float, float] | None = None) -> None:
         if window < 1:
             raise ValueError(f"a moving window needs >= 1 value, got {window}")
         self._values: deque[float] = deque(maxlen=window)
         self._sum = 0.0
         self._positive = 0
+        count, mean, share = seed if seed is not None else (0, 0.0, 0.0)
+        self._seed_count, self._seed_mean, self._seed_share = min(int(count), window), float(mean), float(share)
 
     def add(self, value: float) -> None:
         values = self._values
@@ -67,14 +73,19 @@ class MovingMean:
         self._sum += value
         self._positive += value > 0
 
+    def _seeded(self) -> int:
+        """Slots the seed still fills."""
+        values = self._values
+        return min(self._seed_count, values.maxlen - len(values))  # type: ignore[operator]
+
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._values) + self._seeded()
 
     @property
     def total(self) -> float:
-        return self._sum
+        return self._sum + self._seeded() * self._seed_mean
 
     @property
-    def positive(self) -> int:
-        """How many of the values are > 0."""
-        return self._positive
+    def positive(self) -> float:
+        """How many of the values are > 0 (seeded slots count their share)."""
+        return self._positive + self._seeded() * self._seed_share

@@ -7,9 +7,10 @@ Expected latency of a mode at kinematic metric F:
       + proposal cost[mode] * (drafter: per verify pass; retrieval: once per step)
 
 - E[target passes | F] (the prefill included; 0 when a prefill skip fires) and P(target runs | F)
-  come per F bin (quantiles of the calibration frames' F), seeded with `heisd calibrate`'s
-  per-frame numbers and then replaced by what the steps in that bin actually did (a moving
-  window of the latest `window` steps).
+  come per F bin (quantiles of the calibration frames' F), seeded with the count and means of
+  every `heisd calibrate` frame in that bin (the order of the frames plays no part) and then
+  replaced by what the steps in that bin actually did (a moving window of the latest `window`
+  steps; each step displaces one seeded slot, the seed fills at most `window`).
 - The per-piece costs (prefill; one verify pass of each mode's trees, whose sizes differ; one
   drafter proposal; one retrieval step's query + trees) are moving medians of what this process
   measures, so the same rule sends slow motions to the drafter on a GPU, where a drafter pass
@@ -77,12 +78,11 @@ class CostAwareSwitch:  # a `Switch`
         self.edges = np.quantile(f[np.isfinite(f)], inner)  # bin b: edges[b-1] <= F < edges[b]
         self._edges = self.edges.tolist()  # plain floats for bisect on the hot path
         window = self.config.window
-        self._passes = {(m, b): MovingMean(window) for m in MODES for b in range(self.config.bins)}
+        seeds = bin_seeds(f, seed_passes(frames, n_tokens), self.edges)
+        self._passes = {
+            key: MovingMean(window, seeds.get(key)) for key in ((m, b) for m in MODES for b in range(self.config.bins))
+        }
         self._pieces = {name: MovingMedian(window) for name in PIECES}
-        for mode, passes in seed_passes(frames, n_tokens).items():
-            for fi, p in zip(f, passes, strict=True):
-                if np.isfinite(fi):
-                    self._passes[(mode, self._bin(fi))].add(float(p))
         # the bins an F can land in (coinciding quantile edges leave some empty by construction)
         self._cases: list[int | None] = [None] + sorted({0} | {self._bin(e) for e in self._edges})
         self._unanimous: tuple[Mode, float] | None | bool = False  # cached verdict (False: stale)
@@ -144,7 +144,7 @@ class CostAwareSwitch:  # a `Switch`
     def _expected(self, mode: Mode, b: int | None) -> float | None:
         return _expected_ms(mode, *self._passes_in(mode, b), *self._mode_pieces(mode))
 
-    def _passes_in(self, mode: Mode, b: int | None) -> tuple[int, float, int]:
+    def _passes_in(self, mode: Mode, b: int | None) -> tuple[int, float, float]:
         """(steps, summed passes, steps where the target ran) in bin `b` (None: all bins pooled)."""
         if b is None:  # before the window fills
             windows = [self._passes[(mode, i)] for i in range(self.config.bins)]
@@ -190,7 +190,7 @@ def _expected_ms(
     mode: Mode,
     count: int,
     total: float,
-    positive: int,
+    positive: float,
     prefill: float | None,
     verify: float | None,
     proposal: float | None,
@@ -216,3 +216,19 @@ def seed_passes(frames: dict[str, list], n_tokens: int) -> dict[Mode, np.ndarray
     if "prefill_skipped" in frames:
         retrieval = np.where(np.asarray(frames["prefill_skipped"], dtype=bool), 0.0, retrieval)
     return {"retrieval": retrieval, "drafter": n_tokens / tpf_d}
+
+
+def bin_seeds(
+    metrics: np.ndarray, passes: dict[Mode, np.ndarray], edges: np.ndarray
+) -> dict[tuple[Mode, int], tuple[int, float, float]]:
+    """(frames, mean passes, share with a target pass) per (mode, F bin) over every calibration
+    frame with F: order-free summaries (`MovingMean`'s seed)."""
+    has_f = np.isfinite(metrics)
+    bins = np.searchsorted(np.asarray(edges, dtype=np.float64), metrics[has_f], side="right")  # as _bin
+    seeds: dict[tuple[Mode, int], tuple[int, float, float]] = {}
+    for mode, values in passes.items():
+        values = np.asarray(values, dtype=np.float64)[has_f]
+        for b in np.unique(bins).tolist():
+            in_bin = values[bins == b]
+            seeds[(mode, int(b))] = (len(in_bin), float(in_bin.mean()), float((in_bin > 0).mean()))
+    return seeds
