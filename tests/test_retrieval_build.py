@@ -154,8 +154,9 @@ def test_calibrate_stores_theta_and_threshold(built, tmp_path, capsys) -> None:
     # themselves are recomputed from these frames in the next test)
     guard, sims = np.asarray(frames["guard"], bool), np.asarray(frames["similarity"])
     assert skip["skip_rate"] == pytest.approx(np.mean(guard & (sims >= skip["theta"])))
-    assert pre["skip_rate"] == pytest.approx(np.mean(np.asarray(frames["key_similarity"]) >= pre["theta"]))
-    assert frames["prefill_skipped"] == (np.asarray(frames["key_similarity"]) >= pre["theta"]).tolist()
+    pre_skipped = np.asarray(frames["gripper_kept"], bool) & (np.asarray(frames["key_similarity"]) >= pre["theta"])
+    assert pre["skip_rate"] == pytest.approx(np.mean(pre_skipped))
+    assert frames["prefill_skipped"] == pre_skipped.tolist()
     # random target + unrelated held-out frames: AR drafter never beats retrieval's >= 1 token/forward
     assert hybrid["drafter"] == "ar" and hybrid["retrieval_fraction"] == 1.0
     assert sum(f is not None for f in frames["F"]) == hybrid["frames"] > 0
@@ -173,7 +174,7 @@ def test_calibrated_thresholds_follow_from_the_stored_frames(built, tmp_path) ->
     shutil.copytree(built["store"], copy)
     assert main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
                  "--demos", str(heldout), "--frames", "40", "--threads", "1", "--precision", "0.5",
-                 "--min-support", "5"]) == 0
+                 "--min-support", "5", "--no-gripper-guard"]) == 0
     extras = json.loads((copy / "manifest.json").read_text())["extras"]
     frames = extras["calibration_frames"]
 
@@ -188,10 +189,12 @@ def test_calibrated_thresholds_follow_from_the_stored_frames(built, tmp_path) ->
     expected = brute_theta(sims, np.asarray(frames["passes"], bool)[guard].tolist(), 0.5)
     theta = extras["verify_skip"]["theta"]
     assert (expected is None and theta > 1.0) or theta == pytest.approx(expected, abs=1e-5)
-    expected = brute_theta(frames["key_similarity"], frames["passes_full"], 0.5)
+    kept = np.asarray(frames["gripper_kept"], bool)
+    expected = brute_theta(np.asarray(frames["key_similarity"])[kept].tolist(),
+                           np.asarray(frames["passes_full"], bool)[kept].tolist(), 0.5)
     assert expected is not None and extras["prefill_skip"]["theta"] == pytest.approx(expected, abs=1e-5)
     support = extras["prefill_skip"]["support"]  # the support stored next to theta is what theta skips
-    skipped = np.asarray(frames["key_similarity"]) >= extras["prefill_skip"]["theta"]
+    skipped = kept & (np.asarray(frames["key_similarity"]) >= extras["prefill_skip"]["theta"])
     assert support["skipped"] == skipped.sum() >= 5 and support["min_support"] == 5
     assert support["passed"] == np.asarray(frames["passes_full"], bool)[skipped].sum()
     assert support["lower_bound"] == pytest.approx(wilson_lower_bound(support["passed"], support["skipped"]))
@@ -225,7 +228,7 @@ def test_calibrate_decodes_drafter_mode_as_the_method_runs_it(built, tmp_path) -
     tree = ["--tree-depth", "2", "--tree-budget", "3"]
     write_demos(tmp_path / "heldout.hdf5", episodes=2, seed=5)
     rc = main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
-               "--demos", str(tmp_path / "heldout.hdf5"), "--frames", "6", "--threads", "1",
+               "--demos", str(tmp_path / "heldout.hdf5"), "--frames", "12", "--threads", "1",
                "--drafter", str(tmp_path / "drafter"), *tree])
     extras = json.loads((copy / "manifest.json").read_text())["extras"]
     assert rc == 0 and extras["hybrid"]["drafter"] == "drafter"
@@ -240,3 +243,51 @@ def test_calibrate_decodes_drafter_mode_as_the_method_runs_it(built, tmp_path) -
         replayed.append(policy.act(ep.images[t], ep.state[t])[1].tokens_per_forward)
     assert frames["tokens_per_forward_drafter"] == pytest.approx(replayed, abs=1e-4)
     assert max(replayed) > 1.0  # drafts were accepted: the comparison says something
+
+
+def test_calibrate_decodes_retrieval_mode_as_a_replay_does(built, tmp_path) -> None:
+    """calibrate's retrieval-mode numbers on each control step equal what `replay` decodes on the
+    same frames with the same datastore and flags: the policy's own vision pass and the previous
+    action a run has (Jacobi's warm start), not a cold start on each frame."""
+    from heisd.runtime.methods import MethodConfig, build_decoders
+    from heisd.runtime.policy import VLAPolicy
+    from heisd.runtime.replay import replay, replay_frames
+
+    vla = built["vla"]
+    copy = tmp_path / "store"
+    shutil.copytree(built["store"], copy)
+    heldout = tmp_path / "heldout.hdf5"
+    write_demos(heldout, episodes=2, seed=5)
+    steps = 2 * len(range(0, STEPS, vla.spec.chunk))  # every control step of both episodes
+    # the demonstrator's tokens, checked exactly: the random target rejects them, so Jacobi finishes the
+    # steps; its greedy action is the same on every frame, which a warm start guesses right
+    flags = ["--retrieval-fallback", "jacobi", "--no-continuation", "--no-group-acceptance", "--payload", "demo"]
+    assert main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(copy),
+                 "--demos", str(heldout), "--frames", str(steps), "--threads", "1", *flags]) == 0
+    extras = json.loads((copy / "manifest.json").read_text())["extras"]
+    frames = extras["calibration_frames"]
+    calibrated = {(name, t): (tpf, f) for (_, name, t), tpf, f in
+                  zip(frames["frame"], frames["tokens_per_forward_verified"], frames["F"], strict=True)}
+    assert len(calibrated) == steps
+
+    cfg = MethodConfig("retrieval", datastore=str(copy), retrieval_fallback="jacobi", continuation=False,
+                       group_acceptance=False, payload="demo", verify_skip=False, prefill_skip=False)
+    reference = VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
+    result = replay(VLAPolicy(vla, build_decoders(cfg, vla)), reference, cfg.label, [heldout], steps, progress=False)
+    assert result["frames"] == steps
+    # (the stored per-frame numbers are rounded to 5 decimals)
+    assert result["tokens_per_forward"] == pytest.approx(np.mean(frames["tokens_per_forward_verified"]), abs=1e-4)
+    # frame by frame, as replay walks them
+    policy, replayed, cold = VLAPolicy(vla, build_decoders(cfg, vla)), {}, {}
+    for ep, t, first in replay_frames([heldout], steps, vla.spec.chunk):
+        if first:
+            policy.reset(ep.instruction, ep.task)
+        replayed[(ep.name, t)] = policy.act(ep.images[t], ep.state[t])[1].tokens_per_forward
+        alone = VLAPolicy(vla, build_decoders(cfg, vla))  # the same frame with no previous action
+        alone.reset(ep.instruction, ep.task)
+        cold[(ep.name, t)] = alone.act(ep.images[t], ep.state[t])[1].tokens_per_forward
+    assert {key: v[0] for key, v in calibrated.items()} == pytest.approx(replayed, abs=1e-4)
+    # the comparison says something: a cold start decodes some frame differently
+    assert any(abs(cold[key] - replayed[key]) > 1e-3 for key in replayed)
+    assert extras["hybrid"]["tokens_per_forward_retrieval_mean"] == pytest.approx(
+        np.mean([v[0] for v in calibrated.values() if v[1] is not None]), abs=1e-4)

@@ -1,21 +1,25 @@
 """`heisd calibrate`: set the verify-skip theta and the hybrid threshold on held-out frames.
 
-Per held-out frame: the target's greedy tokens and prefill hidden state, the datastore's
-Top-K; s = cosine(hidden, top-1 stored hidden); whether the top-1 draft passes the
-group-relaxed check against the greedy tokens; tokens per target forward of retrieval SD
-(the real decode loop; after a rejected group the agreeing retrieved sequences, then the
-`--retrieval-fallback` (by default the cost rule's pick of AR, Jacobi or the drafter), as the
-methods run it; a frame
-that would skip at the calibrated theta counts n); the same for drafter SD (`--drafter`;
-without one the drafter mode is taken as AR, 1 token per forward); and the kinematic metric
-F over the episode's last w positions.
-theta = `calibrate_theta` over frames where the free first-token guard holds (others never
-skip): the smallest theta that skips at least `--min-support` frames whose Wilson lower bound
-on precision (`--confidence`) reaches `--precision`, else never skip (a warning says why); the
-prefill-skip theta the same over the top-1 key similarity, every frame, with the
-check on the whole action (no free first token before a prefill); threshold =
-`calibrate_threshold` over frames with F (the switch uses the drafter before w positions
-exist). Both, and the numbers behind them, go into the manifest's extras.
+Frames are control steps as a run meets them: whole held-out episodes from their start, every
+`chunk`-th step (the control cadence), tasks interleaved, `--frames` steps in all. Each step is
+decoded as the policy decodes it: its own vision pass (prefix and retrieval key) and, per mode,
+the action that mode decoded the step before (Jacobi's warm start, the skips' gripper guard).
+Per frame: the target's greedy tokens and prefill hidden state, the datastore's Top-K;
+s = cosine(hidden, top-1 stored hidden); whether the top-1 draft passes the group-relaxed
+check against the greedy tokens; whether the gripper guard lets it skip; tokens per target
+forward of retrieval SD (the real decode loop; after a rejected group the agreeing retrieved
+sequences, then the `--retrieval-fallback` (by default the cost rule's pick of AR, Jacobi or the
+drafter), as the methods run it; a frame that would skip at the calibrated theta counts n); the
+same for drafter SD (`--drafter`; without one the drafter mode is taken as AR, 1 token per
+forward); and the kinematic metric F over the episode's last w positions.
+theta = `calibrate_theta` over frames where the free first-token guard and the gripper guard
+hold (others never skip): the smallest theta that skips at least `--min-support` frames whose
+Wilson lower bound on precision (`--confidence`) reaches `--precision`, else never skip (a
+warning says why); the prefill-skip theta the same over the top-1 key similarity, on frames the
+gripper guard allows, with the check on the whole action (no free first token before a
+prefill); threshold = `calibrate_threshold` over frames with F (the switch uses the drafter
+before w positions exist). Both, the support behind each theta and the per-frame numbers go
+into the manifest's extras.
 Held-out frames are an expert's successful episodes, or the target's own closed-loop rollouts
 (`heisd demos --policy DIR`, every episode): the states the policy really visits (ours).
 The decoders are the method's own (`runtime.methods.mode_decoders`, from the same flags as
@@ -53,11 +57,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.95,
                    help="one-sided level of the Wilson lower bound on the skipped frames' precision, in [0.5, 1) "
                         "(0.5: the plain observed precision)")
-    p.add_argument("--frames", type=int, default=512, help="held-out frames sampled (all if fewer)")
+    p.add_argument("--frames", type=int, default=512,
+                   help="control steps decoded: whole held-out episodes from their start at the control cadence, "
+                        "tasks interleaved (all if fewer)")
     # the decoders are built from these exactly as eval builds them: set them as the method will run
     add_decoding_arguments(p)
+    p.add_argument("--no-gripper-guard", action="store_true",
+                   help="calibrate for runs with --no-gripper-guard: skips may open or close the gripper (by "
+                        "default the frames where the guard refuses a skip never skip)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--seed", type=int, default=0, help="frame sampling")
+    p.add_argument("--seed", type=int, default=0, help="the order of each task's episodes")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
 def _theta_line(record: dict) -> str:
     support = record["support"]
     if record["theta"] > 1.0:
-        return f"never skip ({support['frames']} frames could skip; {record['unsupported']})"
+        return f"never skip ({record['unsupported']})"
     return (f"{record['theta']:.4f}   skip rate {record['skip_rate']:.2f}   precision {record['achieved_precision']:.3f}"
             f" on {support['skipped']} frames, {support['confidence']:.0%} lower bound {support['lower_bound']:.3f}"
             f" (target {record['precision_target']})")
@@ -129,9 +138,10 @@ def calibrate(target, datastore, demos: Sequence[str | Path], method, precision:
     fit = calibrate_theta(m["similarity"][m["guard"]], m["passes"][m["guard"]], precision, **rule)
     theta = fit.theta
     skipped = m["guard"] & (m["similarity"] >= theta)
-    fit_pre = calibrate_theta(m["key_similarity"], m["passes_full"], precision, **rule)
+    kept = m["gripper_kept"]  # the guard refuses a prefill skip elsewhere
+    fit_pre = calibrate_theta(m["key_similarity"][kept], m["passes_full"][kept], precision, **rule)
     theta_pre = fit_pre.theta
-    pre_skipped = m["key_similarity"] >= theta_pre
+    pre_skipped = kept & (m["key_similarity"] >= theta_pre)
     for key, f in ((EXTRAS_KEY, fit), (PREFILL_SKIP_KEY, fit_pre)):
         if f.reason is not None:
             log.warning("%s: never skipping: %s", key, f.reason)
@@ -146,6 +156,7 @@ def calibrate(target, datastore, demos: Sequence[str | Path], method, precision:
     skip = {
         "theta": theta, "calibrated_theta": theta, "precision_target": precision, "online_updates": 0,
         "frames": int(m["guard"].sum()), "frames_total": len(tpf_r), "payload": method.payload,
+        "gripper_guard": method.gripper_guard,
         "k": method.retrieval_k,
         "skip_rate": float(skipped.mean()), "pass_rate": float(m["passes"].mean()),
         "achieved_precision": float(m["passes"][skipped].mean()) if skipped.any() else float("nan"),
@@ -154,7 +165,7 @@ def calibrate(target, datastore, demos: Sequence[str | Path], method, precision:
     }
     prefill = {
         "theta": theta_pre, "calibrated_theta": theta_pre, "precision_target": precision, "online_updates": 0,
-        "frames": len(pre_skipped), "skip_rate": float(pre_skipped.mean()),
+        "frames": len(pre_skipped), "skip_rate": float(pre_skipped.mean()), "gripper_guard": method.gripper_guard,
         "pass_rate": float(m["passes_full"].mean()),
         "achieved_precision": float(m["passes_full"][pre_skipped].mean()) if pre_skipped.any() else float("nan"),
         "similarity_median": float(np.median(m["key_similarity"])),
@@ -176,7 +187,32 @@ def calibrate(target, datastore, demos: Sequence[str | Path], method, precision:
     return {"verify_skip": skip, "prefill_skip": prefill, "hybrid": hybrid}
 
 
+def control_steps(lengths: Sequence[int], tasks: Sequence[str], n_frames: int, chunk: int,
+                  seed: int) -> list[tuple[int, list[int]]]:
+    """(episode, its control steps 0, chunk, 2 chunk, ...) in decode order, `n_frames` steps in all:
+    whole episodes from their start, as a run meets them (each step's previous action is the one
+    decoded before it); episodes in a seeded order within each task, tasks interleaved, the
+    last one cut short when the frames run out."""
+    rng = np.random.default_rng(seed)
+    by_task: dict[str, list[int]] = {}
+    for e, task in enumerate(tasks):
+        by_task.setdefault(task, []).append(e)
+    queues = [list(rng.permutation(episodes)) for episodes in by_task.values()]
+    order = [int(q[i]) for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+    picked, left = [], n_frames
+    for e in order:
+        if left <= 0:
+            break
+        steps = list(range(0, lengths[e], chunk))[:left]
+        picked.append((e, steps))
+        left -= len(steps)
+    return picked
+
+
 def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tuple[dict[str, np.ndarray], list]:
+    """Per control step: the skips' numbers and each mode's decode, with the context a run gives
+    it: the policy's own vision pass (prefix and key) and that mode's previous action (Jacobi's
+    warm start, the skips' gripper guard)."""
     import torch
     from tqdm import tqdm
 
@@ -194,52 +230,63 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
     cfg, vocab = proposer.config, retrieval.vocab
     rule = retrieval.acceptance  # skipped drafts must pass the rule the method accepts with
     k = cfg.k
-    lengths = []
-    for path in demos:  # pass 1: which frames exist: an expert's successful episodes, every target rollout
+    episodes = []
+    for path in demos:  # pass 1: which episodes count: an expert's successful ones, every target rollout
         with DemoFile(path) as f:
             rollouts = f.attrs.get("source") == "target"  # closed-loop calibration on the target's own states
-            lengths += [(path, ep.name, len(ep)) for ep in f if ep.success or rollouts]
-    if not lengths:
+            episodes += [(path, ep.name, len(ep), ep.task) for ep in f if ep.success or rollouts]
+    if not episodes:
         raise InputError(f"no successful held-out episodes in {[str(p) for p in demos]}")
-    all_frames = [(e, t) for e, (_, _, length) in enumerate(lengths) for t in range(length)]
-    rng = np.random.default_rng(seed)
-    picked = sorted(rng.choice(len(all_frames), min(n_frames, len(all_frames)), replace=False))
-    by_episode: dict[int, list[int]] = {}
-    for i in picked:
-        by_episode.setdefault(all_frames[i][0], []).append(all_frames[i][1])
-    rows: dict[str, list[float]] = {key: [] for key in ("similarity", "guard", "passes", "key_similarity",
-                                                           "passes_full", "tokens_per_forward_verified", "tokens_per_forward_drafter", "F")}
+    spec = target.spec
+    picked = control_steps([e[2] for e in episodes], [str(e[3]) for e in episodes], n_frames, spec.chunk, seed)
+    rows: dict[str, list[float]] = {key: [] for key in (
+        "similarity", "guard", "passes", "key_similarity", "passes_full", "gripper_kept",
+        "tokens_per_forward_verified", "tokens_per_forward_drafter", "F")}
     where: list[list] = []
     w = kin_config.window
-    with tqdm(total=len(picked), unit="frame", desc="calibrate") as bar:
-        for e, steps in by_episode.items():
-            path, name, _ = lengths[e]
+    with tqdm(total=sum(len(steps) for _, steps in picked), unit="frame", desc="calibrate") as bar:
+        for e, steps in picked:
+            path, name, _, _ = episodes[e]
             with DemoFile(path) as f:
                 ep = f.episode(name)
             enc = encode_frames(target, ep.images[steps], ep.instruction, ep.state[steps])
             prompt = target.encode_prompt(ep.instruction)
+            for decoder in decoders.values():  # a new episode, as VLAPolicy.reset
+                decoder.reset()
+            previous: dict[str, list[int] | None] = {mode: None for mode in decoders}
             for i, t in enumerate(steps):
-                result = datastore.query(enc.keys[i], ep.task, k)
-                top = cfg.sequences(result)[0]
-                own = enc.own_tokens[i]
-                # one check serves both skips: verify-skip also needs the free first token to agree
-                actions = all(vocab.is_action(int(x)) for x in top)
-                passes_full = actions and draft_passes(top, own, rule, vocab)
-                guard = bool(top[0] == own[0]) and actions
-                rows["similarity"].append(cosine(enc.hidden[i], result.hidden[0]))
-                rows["guard"].append(guard)
-                rows["passes"].append(guard and passes_full)
-                rows["key_similarity"].append(float(result.similarities[0]))
-                rows["passes_full"].append(passes_full)
-                with torch.no_grad():
-                    embeds = target.prefix_embeds(torch.from_numpy(ep.images[t : t + 1]), prompt,
-                                                  target.spec.state_input(ep.state[t : t + 1]))
-                context = {"key": enc.keys[i], "task": ep.task}
-                rows["tokens_per_forward_verified"].append(retrieval.decode(embeds, context).tokens_per_forward)
-                rows["tokens_per_forward_drafter"].append(drafting.decode(embeds).tokens_per_forward if drafting else 1.0)
-                window = ep.ee_pos[t - w + 1 : t + 1] if t + 1 >= w else None
-                rows["F"].append(np.nan if window is None else fused_metric(window, kin_stats, kin_config))
-                where.append([recorded_path(path), name, int(t)])
-                bar.update(1)
-    return {key: np.asarray(values, dtype=bool if key in ("guard", "passes", "passes_full") else np.float64)
+                with torch.inference_mode():  # as VLAPolicy.act: vision pass and decodes
+                    prefix, key_t = target.encode_observation(
+                        torch.from_numpy(np.ascontiguousarray(ep.images[t : t + 1])), prompt,
+                        spec.state_input(ep.state[t : t + 1]))
+                    key = key_t[0].float().cpu().numpy()
+                    result = datastore.query(key, ep.task, k)
+                    top = cfg.sequences(result)[0]
+                    own = enc.own_tokens[i]
+                    # one check serves both skips: verify-skip also needs the free first token to agree;
+                    # either is refused where the guard would (a gripper change, or no previous action)
+                    actions = all(vocab.is_action(int(x)) for x in top)
+                    passes_full = actions and draft_passes(top, own, rule, vocab)
+                    kept = proposer.keeps_gripper(top, previous["retrieval"])
+                    guard = bool(top[0] == own[0]) and actions and kept
+                    rows["similarity"].append(cosine(enc.hidden[i], result.hidden[0]))
+                    rows["guard"].append(guard)
+                    rows["passes"].append(guard and passes_full)
+                    rows["key_similarity"].append(float(result.similarities[0]))
+                    rows["passes_full"].append(passes_full)
+                    rows["gripper_kept"].append(kept)
+                    for mode, decoder in decoders.items():  # each mode as a run of it decodes this step
+                        context = {"key": key, "task": ep.task, "previous_action": previous[mode]}
+                        decoded = decoder.decode(prefix, context)
+                        previous[mode] = list(decoded.tokens)
+                        column = "tokens_per_forward_verified" if mode == "retrieval" else "tokens_per_forward_drafter"
+                        rows[column].append(decoded.tokens_per_forward)
+                    if drafting is None:
+                        rows["tokens_per_forward_drafter"].append(1.0)
+                    window = ep.ee_pos[t - w + 1 : t + 1] if t + 1 >= w else None
+                    rows["F"].append(np.nan if window is None else fused_metric(window, kin_stats, kin_config))
+                    where.append([recorded_path(path), name, int(t)])
+                    bar.update(1)
+    flags = ("guard", "passes", "passes_full", "gripper_kept")
+    return {key: np.asarray(values, dtype=bool if key in flags else np.float64)
             for key, values in rows.items()}, where

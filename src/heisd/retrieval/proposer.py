@@ -254,10 +254,12 @@ class RetrievalProposer(Proposer):
         return self._tree(state, sequences[agree if agree.any() else slice(None)])
 
     def _keeps_gripper(self, sequence: Sequence[int]) -> bool:
+        return self.keeps_gripper(sequence, self._context.get("previous_action"))
+
+    def keeps_gripper(self, sequence: Sequence[int], previous: Sequence[int] | None) -> bool:
         """Safe skips: a draft accepted unverified must leave the gripper as the previous action
         left it (open or closed, the sign of the normalized value); a change is verified instead.
         The first step of an episode has no previous action and is never skipped."""
-        previous = self._context.get("previous_action")
         if not self.config.gripper_guard or not self._grippers:
             return True
         if previous is None:

@@ -247,7 +247,7 @@ def support_of(theta: float, similarities: np.ndarray, passes: np.ndarray, confi
 # the per-frame numbers (`calibration_frames` in extras) each skip was calibrated on: (similarity, passes, guard)
 FRAME_COLUMNS = {
     EXTRAS_KEY: ("similarity", "passes", "guard"),
-    PREFILL_SKIP_KEY: ("key_similarity", "passes_full", None),
+    PREFILL_SKIP_KEY: ("key_similarity", "passes_full", "gripper_kept"),
 }
 
 
@@ -265,7 +265,7 @@ def calibration_trusted(key: str, extras: dict) -> bool:
     if sims in frames and passes in frames:
         s = np.asarray(frames[sims], dtype=np.float64)
         ok = np.asarray(frames[passes], dtype=bool)
-        keep = np.asarray(frames[guard], dtype=bool) if guard else np.ones(len(s), dtype=bool)
+        keep = np.asarray(frames[guard], dtype=bool) if guard in frames else np.ones(len(s), dtype=bool)
         support = support_of(record["calibrated_theta"], s[keep], ok[keep])
     target = float(record.get("precision_target", 0.95))
     bound = support["lower_bound"] if support is not None else None
