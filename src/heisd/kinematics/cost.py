@@ -19,8 +19,9 @@ Expected latency of a mode at kinematic metric F:
   without it); before the kinematic window fills, all frames' estimates are pooled.
 - F is computed only when it can change the decision: when the same mode is cheaper in every
   bin (and before the window fills), with both modes' estimates known, that mode runs without F
-  (on a CPU its SVD and circle fit cost ~0.3 ms a step, BENCHMARKS 6.6). Such a step's passes
-  cannot be put in a bin, so every `learn_every`-th of them computes F anyway to keep learning.
+  (on a CPU its circle fit costs a fraction of a millisecond a step,
+  `scripts/time_kinematic_metric.py`). Such a step's passes cannot be put in a bin, so every
+  `learn_every`-th of them computes F anyway to keep learning.
 
 Every decision records what it expected, so reports can show how good the predictions were.
 """
@@ -47,8 +48,8 @@ PIECES = ("prefill", *_VERIFY.values(), *_PROPOSE.values())
 class CostSwitchConfig:
     bins: int = 4  # F bins (quantiles of the calibration frames' F)
     window: int = 64  # steps per (mode, bin) and per piece that the estimates average over
-    # when no F bin could change the decision, F is not computed (it costs ~0.3 ms a step on a
-    # CPU); every this many such steps it is computed anyway, so the per-bin passes keep learning
+    # when no F bin could change the decision, F is not computed (a fraction of a millisecond a step
+    # on a CPU); every this many such steps it is computed anyway, so the per-bin passes keep learning
     learn_every: int = 8
 
     def __post_init__(self) -> None:
