@@ -245,7 +245,7 @@ def test_calibrate_decodes_drafter_mode_as_the_method_runs_it(built, tmp_path) -
     assert max(replayed) > 1.0  # drafts were accepted: the comparison says something
 
 
-def test_calibrate_decodes_retrieval_mode_as_a_replay_does(built, tmp_path) -> None:
+def test_calibrate_decodes_retrieval_mode_as_a_replay_does(built, tmp_path, monkeypatch) -> None:
     """calibrate's retrieval-mode numbers on each control step equal what `replay` decodes on the
     same frames with the same datastore and flags: the policy's own vision pass and the previous
     action a run has (Jacobi's warm start), not a cold start on each frame."""
@@ -291,3 +291,13 @@ def test_calibrate_decodes_retrieval_mode_as_a_replay_does(built, tmp_path) -> N
     assert any(abs(cold[key] - replayed[key]) > 1e-3 for key in replayed)
     assert extras["hybrid"]["tokens_per_forward_retrieval_mean"] == pytest.approx(
         np.mean([v[0] for v in calibrated.values() if v[1] is not None]), abs=1e-4)
+    # the greedy rollouts go a few frames per batch: smaller batches give the same numbers
+    from heisd.commands import calibrate
+
+    monkeypatch.setattr(calibrate, "ENCODE_BATCH", 4)
+    small = tmp_path / "small"
+    shutil.copytree(built["store"], small)
+    assert main(["calibrate", "--target", str(built["root"] / "target"), "--datastore", str(small),
+                 "--demos", str(heldout), "--frames", str(steps), "--threads", "1", *flags]) == 0
+    again = json.loads((small / "manifest.json").read_text())["extras"]["calibration_frames"]
+    assert again == frames

@@ -40,6 +40,7 @@ from heisd.errors import InputError
 HELP = "Calibrate verify-skip theta and the hybrid kinematic threshold on held-out demonstrations."
 HYBRID_KEY = "hybrid"  # extras: the calibrated F threshold and its numbers
 FRAMES_KEY = "calibration_frames"  # extras: per-frame numbers behind both
+ENCODE_BATCH = 16  # frames per greedy-rollout batch
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +121,8 @@ def _theta_line(record: dict) -> str:
     support = record["support"]
     if record["theta"] > 1.0:
         return f"never skip ({record['unsupported']})"
-    return (f"{record['theta']:.4f}   skip rate {record['skip_rate']:.2f}   precision {record['achieved_precision']:.3f}"
-            f" on {support['skipped']} frames, {support['confidence']:.0%} lower bound {support['lower_bound']:.3f}"
+    return (f"{record['theta']:.4f}   skip rate {record['skip_rate']:.2f}   "
+            f"precision {record['achieved_precision']:.3f} on {support['skipped']} frames, {support['confidence']:.0%} lower bound {support['lower_bound']:.3f}"
             f" (target {record['precision_target']})")
 
 
@@ -249,7 +250,11 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
             path, name, _, _ = episodes[e]
             with DemoFile(path) as f:
                 ep = f.episode(name)
-            enc = encode_frames(target, ep.images[steps], ep.instruction, ep.state[steps])
+            # the greedy tokens and prefill hidden states, a few frames per batch (episodes can be long)
+            encoded = [encode_frames(target, ep.images[block], ep.instruction, ep.state[block])
+                       for block in (steps[j : j + ENCODE_BATCH] for j in range(0, len(steps), ENCODE_BATCH))]
+            own_tokens = np.concatenate([enc.own_tokens for enc in encoded])
+            hidden = np.concatenate([enc.hidden for enc in encoded])
             prompt = target.encode_prompt(ep.instruction)
             for decoder in decoders.values():  # a new episode, as VLAPolicy.reset
                 decoder.reset()
@@ -262,14 +267,14 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
                     key = key_t[0].float().cpu().numpy()
                     result = datastore.query(key, ep.task, k)
                     top = cfg.sequences(result)[0]
-                    own = enc.own_tokens[i]
+                    own = own_tokens[i]
                     # one check serves both skips: verify-skip also needs the free first token to agree;
                     # either is refused where the guard would (a gripper change, or no previous action)
                     actions = all(vocab.is_action(int(x)) for x in top)
                     passes_full = actions and draft_passes(top, own, rule, vocab)
                     kept = proposer.keeps_gripper(top, previous["retrieval"])
                     guard = bool(top[0] == own[0]) and actions and kept
-                    rows["similarity"].append(cosine(enc.hidden[i], result.hidden[0]))
+                    rows["similarity"].append(cosine(hidden[i], result.hidden[0]))
                     rows["guard"].append(guard)
                     rows["passes"].append(guard and passes_full)
                     rows["key_similarity"].append(float(result.similarities[0]))
