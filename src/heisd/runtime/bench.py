@@ -62,6 +62,16 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
     return configs
 
 
+def tolerance_variant(base: MethodConfig, spec: str) -> MethodConfig:
+    """The full HeiSD at acceptance tolerance `spec` (`Tolerance.parse`; a bad one is a UsageError)."""
+    from heisd.errors import UsageError
+
+    try:
+        return replace(full_heisd(base), tolerance=spec)
+    except ValueError as err:
+        raise UsageError(f"--tolerances: {err}") from err
+
+
 def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True,
               persist: MethodConfig | None = None, target_path: str | None = None,
               record_options: bool = False) -> list[dict]:
