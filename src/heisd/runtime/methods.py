@@ -12,6 +12,7 @@ per decoding mode, and how a control step picks its mode.
 
 Skips: verify-skip (paper) and prefill skip (ours), both calibrated by `heisd calibrate`.
 `lossless`: exact acceptance and no skips in retrieval mode too (AR's tokens).
+`tolerance`: how group-relaxed acceptance bounds a token (`retrieval.config.Tolerance`; "paper": fixed).
 """
 
 from __future__ import annotations
