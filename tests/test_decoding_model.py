@@ -261,6 +261,37 @@ def test_near_drafts_are_accepted_relaxed_and_bounded():
     assert max(group_deviations) > 0
 
 
+def test_verify_pass_margins_are_the_targets_top2_gaps():
+    model, embeds = tiny_target(0), prefix(0, 3)
+    verifier = Verifier(model)
+    pre = verifier.prefill(embeds)
+    tree = DraftTree.from_sequences([[ACTIONS.token(5), ACTIONS.token(9)], [ACTIONS.token(200)]])
+    ver = verifier.verify(pre.cache, pre.token, tree, margins=True)
+    assert ver.tree_margins is not None and len(ver.tree_margins) == len(tree) + 1
+    for slot, path in enumerate([[], [0], [0, 1], [2]]):
+        _, margin = greedy_after(model, embeds, [pre.token] + [int(tree.tokens[i]) for i in path])
+        assert ver.tree_margins[slot].item() == pytest.approx(margin, abs=1e-4)
+    assert verifier.verify(verifier.prefill(embeds).cache, pre.token, tree).margins is None  # only when asked
+
+
+@FAST
+@given(scenarios(max_offset=20, n=8, max_correct=2), st.sampled_from([0.05, 0.2, 1.0]))
+def test_scaled_margin_gated_tolerance_keeps_its_bound_in_the_loop(case, max_margin):
+    """Every emitted token within the scaled bound of the greedy token the target had there, and
+    exact wherever the target's top-token margin exceeded the gate."""
+    zero = [127.0] * 8
+    rule = GroupRelaxedAcceptance(GROUPS, max_sum=30, max_dev=15, exact_groups=[1, 3], scale=0.25, floor=1,
+                                  zero_bins=zero, max_margin=max_margin)
+    result, devs = relaxed_decode(case, rule)
+    check_groups(devs)
+    model, embeds = tiny_target(case["seed"]), prefix(case["seed"], case["prefix_len"])
+    for i, dev in enumerate(devs):
+        greedy, margin = greedy_after(model, embeds, result.tokens[:i])
+        bound = 0 if margin > max_margin + 1e-4 else min(15, max(1, int(0.25 * abs(ACTIONS.bin(greedy) - 127))))
+        assert dev <= bound
+    event(f"relaxed tokens emitted: {bool(result.deviation)}")
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_tree_pass_matches_sequential_forwards(attn):
     """Every node's output equals a no-cache forward over its own path: the 4-D mask is honoured."""

@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_episode_arguments(p)
     p.add_argument("--thresholds", type=float, nargs="*", default=[],
                    help="extra heisd runs at these kinematic thresholds (points on the Pareto plot)")
+    p.add_argument("--tolerances", nargs="*", default=[], metavar="SPEC",
+                   help="extra heisd runs (every mechanism, cost switch) at these acceptance tolerances, the "
+                        "syntax of --tolerance (points on the success-speed frontier), e.g. paper scale=0.5,floor=2")
     p.add_argument("--only", nargs="+", default=None, metavar="LABEL",
                    help="run only these configurations of the ladder, by report label (AR always runs: "
                         "speedups are ratios to it), e.g. --only retrieval heisd")
@@ -47,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         max_steps_of,
         method_config,
     )
-    from heisd.runtime.bench import QUICK_TASKS, full_heisd, ladder, report_table, run_bench, write_report
+    from heisd.runtime.bench import (QUICK_TASKS, full_heisd, ladder, report_table, run_bench, tolerance_variant,
+                                     write_report)
     from heisd.runtime.evaluation import EvalConfig
     from heisd.storage import recorded_command
 
@@ -60,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         episodes, max_steps = args.episodes, max_steps_of(args)
     base = method_config(args, "heisd")
     configs = ladder(base) + [replace(base, switch="threshold", switch_threshold=t) for t in args.thresholds]
+    configs += [c for c in (tolerance_variant(base, spec) for spec in args.tolerances)
+                if c.label not in {k.label for k in configs}]
     if args.only:
         labels = [c.label for c in configs]
         unknown = sorted(set(args.only) - set(labels))

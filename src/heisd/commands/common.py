@@ -18,6 +18,17 @@ TARGET_HELP = ("target checkpoint directory: a heisd VLA (e.g. checkpoints/vla) 
                "checkpoint; the kind is read from its config.json")
 
 
+TOLERANCE_HELP = (
+    "how far group-relaxed acceptance lets a retrieval draft token sit from the target's greedy token: "
+    "'paper' (the paper's fixed 15 bins per token, 30 per group), or key=value pairs joined by commas, "
+    "which shrink those bounds and compose: scale=S (a token may be off by S times the target's own action "
+    "on that dimension, measured from the zero action, in bins), floor=B (the scaled bound is never below B "
+    "bins), fine=M with fine-below=F (where the kinematic metric F is below F -- the arm slowing into a fine "
+    "phase -- every bound is multiplied by M; 0 = exact; heisd only, which tracks F), margin=L (a token "
+    "must match exactly where the target's top logit leads its second by more than L: a confident target), "
+    "e.g. scale=0.5,floor=2")
+
+
 def add_target_arguments(p: argparse.ArgumentParser, default: str | None = None, target: bool = True) -> None:
     """--target (required unless `default`; left out with `target=False`) and how it is loaded:
     the same flags wherever a target is loaded."""
@@ -83,6 +94,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
                    help="ablation: after a rejected retrieval group, go straight to the fallback instead of "
                         "drafting the rest from the retrieved sequences that agree with what was emitted")
     p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
+    p.add_argument("--tolerance", default=d("tolerance"), metavar="SPEC", help=TOLERANCE_HELP)
 
 
 def add_method_arguments(p: argparse.ArgumentParser, method: bool = True, benchmark: str | None = "mw",
@@ -135,7 +147,7 @@ def _method_config(args: argparse.Namespace, method: str | None = None, **overri
         retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
         retrieval_fallback=args.retrieval_fallback, drafter_tree=args.drafter_tree,
         continuation=not args.no_continuation,
-        group_acceptance=not args.no_group_acceptance,
+        group_acceptance=not args.no_group_acceptance, tolerance=args.tolerance,
     )
     optional = dict(relaxed_r="relaxed_r", verify_skip="no_verify_skip", prefill_skip="no_prefill_skip",
                     gripper_guard="no_gripper_guard",

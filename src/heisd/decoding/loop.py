@@ -18,6 +18,8 @@ from heisd.decoding.acceptance import AcceptanceRule, ActionVocab, ExactAcceptan
 from heisd.decoding.tree import DraftTree
 from heisd.decoding.verifier import Verifier
 
+METRIC = "metric"  # context key: the kinematic metric F of this step, read by phase-aware acceptance rules
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -179,10 +181,18 @@ class SpeculativeDecoder:
                 skipped += len(tree)
                 continue
             t = self._now()
-            verification = self.verifier.verify(pre.cache, pending, tree, f"target pass {forwards + 1} (verify)")
+            verification = self.verifier.verify(
+                pre.cache,
+                pending,
+                tree,
+                f"target pass {forwards + 1} (verify)",
+                margins=self.acceptance.needs_margins and len(tree) > 0,
+            )
             timing.verify_ms += (self._now() - t) * 1e3
             forwards += 1
-            acc = self.acceptance.select(tree, verification.tree_next, len(emitted), self.vocab)
+            acc = self.acceptance.select(
+                tree, verification.tree_next, len(emitted), self.vocab, verification.tree_margins, context.get(METRIC)
+            )
             if self.proposer is not None:  # truncation keeps node order: indices are the proposal's too
                 self.proposer.observe(Outcome(tree, verification.tree_next, list(acc.nodes), len(emitted)))
             self.verifier.commit(pre.cache, verification, acc.nodes)

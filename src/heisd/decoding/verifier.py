@@ -33,11 +33,17 @@ class Verification:
     n_roots: int  # context tokens fed before the tree (>= 1)
     next_tokens: torch.Tensor  # LongTensor [R+N]: target greedy next token per slot (roots, then nodes)
     hidden: torch.Tensor  # [R+N, d]: lm_head input per slot
+    margins: torch.Tensor | None = None  # [R+N]: top-1 minus top-2 logit per slot (`verify(margins=True)`)
 
     @property
     def tree_next(self) -> torch.Tensor:
         """[N+1]: greedy next token after the last root (index 0) and after each node (i+1)."""
         return self.next_tokens[self.n_roots - 1 :]
+
+    @property
+    def tree_margins(self) -> torch.Tensor | None:
+        """[N+1]: the target's top-token margins in `tree_next`'s layout (None: not computed)."""
+        return None if self.margins is None else self.margins[self.n_roots - 1 :]
 
 
 class Verifier:
@@ -69,9 +75,15 @@ class Verifier:
 
     @torch.no_grad()
     def verify(
-        self, cache: DynamicCache, roots: int | Sequence[int], tree: DraftTree, label: str = "a verify pass"
+        self,
+        cache: DynamicCache,
+        roots: int | Sequence[int],
+        tree: DraftTree,
+        label: str = "a verify pass",
+        margins: bool = False,
     ) -> Verification:
-        """ONE target forward over [roots, tree nodes] on top of ``cache`` (which it extends)."""
+        """ONE target forward over [roots, tree nodes] on top of ``cache`` (which it extends).
+        ``margins``: also return each slot's top-1 minus top-2 logit (the target's confidence)."""
         roots = [roots] if isinstance(roots, int) else list(roots)
         if not roots:
             raise ValueError("verify needs at least one root token")
@@ -87,7 +99,12 @@ class Verifier:
             use_cache=True,
         )
         hidden = out.last_hidden_state[0]
-        return Verification(past_len, n_roots, self._greedy(self.lm_head(hidden), label), hidden)
+        logits = self.lm_head(hidden)
+        tokens = self._greedy(logits, label)
+        if not margins:
+            return Verification(past_len, n_roots, tokens, hidden)
+        top2 = logits.topk(2, dim=-1).values.float().cpu()
+        return Verification(past_len, n_roots, tokens, hidden, top2[:, 0] - top2[:, 1])
 
     @staticmethod
     def _greedy(logits: torch.Tensor, label: str) -> torch.Tensor:

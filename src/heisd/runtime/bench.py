@@ -4,7 +4,8 @@ The ablation ladder of the paper (docs/design.md §2.14) is three configurations
 fixed-threshold switch: metric only (retrieval drafts checked exactly, never skipped) ->
 + verify-skip -> + group acceptance (= the paper's full HeiSD); then ours: + prefill skip,
 and the cost-aware switch, lossless and with every mechanism; beside them retrieval and HeiSD
-with plain AR after a rejected group, and HeiSD whose drafter tree the cost rule picks.
+with plain AR after a rejected group, HeiSD whose drafter tree the cost rule picks, and HeiSD with
+the paper's fixed acceptance tolerance (the paper's rungs keep it too).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
     plain = _every_mechanism(base)
     configs = [replace(plain, method=m) for m in ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval")]
     configs.append(replace(plain, method="retrieval", lossless=True))
-    paper = replace(plain, method="heisd", switch="threshold")
+    paper = replace(plain, method="heisd", switch="threshold", tolerance="paper")  # the paper's rule throughout
     configs += [
         replace(paper, lossless=True),  # the paper's "metric only" rung
         replace(paper, group_acceptance=False, prefill_skip=False),  # + verify-skip
@@ -51,15 +52,26 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
         full_heisd(base),  # ours: cost-aware switch, every mechanism
     ]
     # the cost rule's other choices beside the base's, in the same run: plain AR after a rejected
-    # group (retrieval, heisd), the drafter tree picked by the cost rule (heisd); a variant equal
-    # to the base is not run twice
+    # group (retrieval, heisd), the drafter tree picked by the cost rule (heisd); and HeiSD with the
+    # paper's fixed acceptance tolerance; a variant equal to the base is not run twice
     variants = [replace(plain, method="retrieval", retrieval_fallback="ar"),
                 replace(plain, method="heisd", retrieval_fallback="ar"),
-                replace(plain, method="heisd", drafter_tree="cost")]
+                replace(plain, method="heisd", drafter_tree="cost"),
+                replace(plain, method="heisd", tolerance="paper")]
     for config in variants:
         if config.label not in {c.label for c in configs}:
             configs.append(config)
     return configs
+
+
+def tolerance_variant(base: MethodConfig, spec: str) -> MethodConfig:
+    """The full HeiSD at acceptance tolerance `spec` (`Tolerance.parse`; a bad one is a UsageError)."""
+    from heisd.errors import UsageError
+
+    try:
+        return replace(full_heisd(base), tolerance=spec)
+    except ValueError as err:
+        raise UsageError(f"--tolerances: {err}") from err
 
 
 def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True,

@@ -12,6 +12,7 @@ per decoding mode, and how a control step picks its mode.
 
 Skips: verify-skip (paper) and prefill skip (ours), both calibrated by `heisd calibrate`.
 `lossless`: exact acceptance and no skips in retrieval mode too (AR's tokens).
+`tolerance`: how group-relaxed acceptance bounds a token (`retrieval.config.Tolerance`; "paper": fixed).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from heisd.drafter.config import TreeConfig
-from heisd.retrieval.config import RetrievalConfig
+from heisd.retrieval.config import RetrievalConfig, Tolerance
 
 if TYPE_CHECKING:
     from heisd.decoding import SpeculativeDecoder
@@ -66,6 +67,9 @@ class MethodConfig:
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
     prefill_skip: bool = True  # ours: skip the target altogether on a close image key (retrieval mode)
     group_acceptance: bool = True  # group-relaxed acceptance (retrieval mode); off = exact
+    # how group-relaxed acceptance bounds a token (`Tolerance.parse`): "paper" is the paper's fixed
+    # 15 bins per token, 30 per group; ours (BENCHMARKS 11) scales it with the target's own action
+    tolerance: str = "scale=0.5,floor=2"
     # heisd: "cost" picks the mode with the lower expected latency from measured costs (ours);
     # "threshold" is the paper's fixed boundary on the kinematic metric F
     switch: str = "cost"
@@ -93,6 +97,7 @@ class MethodConfig:
             raise ValueError("--lossless contradicts specvla-relaxed (use specvla: exact acceptance)")
         if self.relaxed_r < 0:
             raise ValueError(f"relaxed_r must be >= 0, got {self.relaxed_r}")
+        object.__setattr__(self, "tolerance", Tolerance.parse(self.tolerance).spec())  # canonical: one label
         if self.switch_threshold is not None and self.switch_threshold < 0:
             raise ValueError(f"switch_threshold must be >= 0, got {self.switch_threshold}")
 
@@ -112,6 +117,8 @@ class MethodConfig:
                     parts.append("no-prefill-skip")
                 if not self.gripper_guard:
                     parts.append("no-gripper-guard")
+                if self.group_acceptance and self.tolerance != default_of(MethodConfig, "tolerance"):
+                    parts.append(f"tol:{self.tolerance}")
             if not self.continuation:
                 parts.append("no-continuation")
             if self.retrieval_fallback != default_of(MethodConfig, "retrieval_fallback"):
@@ -209,10 +216,13 @@ def retrieval_config(cfg: MethodConfig, target) -> RetrievalConfig:
     spec = target.spec
     return RetrievalConfig.for_action(spec.action_dim, spec.chunk, k=cfg.retrieval_k,
                                       node_budget=cfg.retrieval_budget, payload=cfg.payload,
-                                      continue_drafts=cfg.continuation, gripper_guard=cfg.gripper_guard)
+                                      continue_drafts=cfg.continuation, gripper_guard=cfg.gripper_guard,
+                                      tolerance=Tolerance.parse(cfg.tolerance))
 
 
 def _retrieval_proposer(cfg: MethodConfig, target, datastore, fallback, vocab):
+    import numpy as np
+
     from heisd.decoding import ExactAcceptance
     from heisd.retrieval import PrefillSkip, RetrievalProposer, VerifySkip, open_datastore
 
@@ -222,7 +232,8 @@ def _retrieval_proposer(cfg: MethodConfig, target, datastore, fallback, vocab):
     plain = cfg.lossless  # retrieval drafts checked exactly, never skipped
     skip = VerifySkip.from_datastore(datastore) if cfg.verify_skip and not plain else None
     early = PrefillSkip.from_datastore(datastore) if cfg.prefill_skip and not plain else None
-    rule = rcfg.acceptance() if cfg.group_acceptance and not plain else ExactAcceptance()
+    zero_bins = np.tile(target.action_tokenizer.zero_bins(), target.spec.chunk).tolist()
+    rule = rcfg.acceptance(zero_bins) if cfg.group_acceptance and not plain else ExactAcceptance()
     return RetrievalProposer(datastore, rcfg, fallback, vocab=vocab, verify_skip=skip, prefill_skip=early), rule
 
 

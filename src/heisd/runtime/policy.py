@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from heisd.decoding.loop import METRIC
 from heisd.errors import InputError, NonFiniteError
 from heisd.kinematics import TrajectoryTracker
 from heisd.runtime.methods import Decoders, MethodConfig, build_decoders
@@ -115,12 +116,15 @@ class VLAPolicy:
         prefix, key = self.target.encode_observation(images, self._prompt, spec.state_input(state[None]))
         # proposers may read the previous action (Jacobi's warm start, the skips' gripper guard)
         context = {"key": key[0].float().cpu().numpy(), "task": self.task, "previous_action": self._previous}
+        decoder = self.decoders.by_mode[mode]
+        if decoder.acceptance.needs_metric:  # a phase-aware tolerance reads F, computed here if the switch did not
+            context[METRIC] = metric if metric is not None or self._tracker is None else self._tracker.fused()
         t1 = time.perf_counter()
         step, self._step = self._step, self._step + 1
         try:
             if not np.isfinite(context["key"]).all():  # a prefill skip would act on it with no target pass
                 raise NonFiniteError("the target's vision pass produced a non-finite retrieval key (NaN/inf)")
-            result = self.decoders.by_mode[mode].decode(prefix, context)
+            result = decoder.decode(prefix, context)
         except NonFiniteError as err:  # stop the episode here rather than emit a garbage action
             raise NonFiniteError(f"control step {step} of the episode ({mode} mode): {err}") from err
         self._previous = list(result.tokens)

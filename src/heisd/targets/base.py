@@ -63,6 +63,8 @@ class ActionCodec(Protocol):
 
     def decode(self, ids: np.ndarray) -> np.ndarray: ...  # token ids [..., action_dim] -> actions
 
+    def zero_bins(self) -> np.ndarray: ...  # [action_dim]: the fractional bin of a zero action
+
 
 @runtime_checkable
 class Target(Protocol):

@@ -42,6 +42,12 @@ class ActionTokenizer:
     def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
         return 0.5 * (np.asarray(normalized, dtype=np.float64) + 1.0) * (self.q99 - self.q01 + _EPS) + self.q01
 
+    def zero_bins(self) -> np.ndarray:
+        """[A]: per dimension, the fractional bin whose center is a zero action (bins are
+        2 / (n_bins - 1) wide from -1): where a tolerance that scales with the action measures from."""
+        width = 2.0 / (self.n_bins - 1)
+        return (self.normalize(np.zeros(self.action_dim)) + 1.0) / width - 0.5
+
     def encode(self, actions: np.ndarray) -> np.ndarray:
         """actions [..., A] (raw units) -> token ids [..., A] int64."""
         actions = np.asarray(actions)
