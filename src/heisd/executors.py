@@ -106,7 +106,8 @@ class RayExecutor:
         actor_class = ray.remote(_RayWorker).options(
             num_cpus=self.options.cpus_per_worker, num_gpus=self.options.gpus_per_worker, max_restarts=0,
             max_task_retries=0)
-        actors = [actor_class.remote(setup, work) for _ in range(min(self._workers(), len(jobs)))]
+        spawn = partial(actor_class.remote, os.getcwd(), setup, work)
+        actors = [spawn() for _ in range(min(self._workers(), len(jobs)))]
         log.info("ray: %d workers for %d jobs", len(actors), len(jobs))
         queue = deque(enumerate(jobs))
         attempts = [0] * len(jobs)
@@ -133,7 +134,7 @@ class RayExecutor:
                                          f"(last: {' '.join(str(err).split())[:200]})") from None
                     log.warning("ray: a worker died running %r; it runs again on another worker", jobs[index])
                     actors.remove(actor)
-                    replacement = actor_class.remote(setup, work)
+                    replacement = spawn()
                     actors.append(replacement)
                     idle.append(replacement)
                     queue.appendleft((index, jobs[index]))
@@ -165,11 +166,14 @@ class RayExecutor:
 
 
 class _RayWorker:
-    """One Ray actor: builds its state once; a failed setup is raised by every job it is given
-    (the driver then reports it as it was raised, one line)."""
+    """One Ray actor: works in the driver's directory where its machine has it (relative paths in
+    the flags then mean the same on every machine), else where `ray start` ran; builds its state
+    once; a failed setup is raised by every job it is given (the driver reports it, one line)."""
 
-    def __init__(self, setup: Setup | None, work: Work):
+    def __init__(self, cwd: str, setup: Setup | None, work: Work):
         self.work, self.state, self.error = work, None, None
+        if os.path.isdir(cwd):
+            os.chdir(cwd)
         try:
             self.state = setup() if setup is not None else None
         except Exception as err:  # noqa: BLE001 - raised with the first job, where the driver sees it

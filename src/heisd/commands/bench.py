@@ -51,7 +51,6 @@ def run(args: argparse.Namespace) -> int:
         camera_of,
         closed_loop_unnorm_key,
         executor_of,
-        for_workers,
         load_target,
         max_steps_of,
         method_config,
@@ -70,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
         tasks = resolve_tasks(args.benchmark, args.tasks)
         episodes, max_steps = args.episodes, max_steps_of(args)
     executor = executor_of(args)
-    if executor.remote:
-        args = for_workers(args)
     base = method_config(args, "heisd")
     configs = ladder(base) + [replace(base, switch="threshold", switch_threshold=t) for t in args.thresholds]
     if args.only:

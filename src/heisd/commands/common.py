@@ -266,8 +266,9 @@ def add_ray_arguments(p: argparse.ArgumentParser, what: str = "episodes") -> Non
 RAY_HERE = "here"  # --ray without ADDRESS
 
 
-def executor_of(args: argparse.Namespace, processes: int = 1):
-    """Where the jobs run: Ray with --ray, else this process (or `processes` local processes)."""
+def executor_of(args: argparse.Namespace, processes: int = 1, cpus: float | None = None):
+    """Where the jobs run: Ray with --ray (workers of `cpus` CPUs, default --threads), else this
+    process (or `processes` local processes)."""
     from heisd.errors import UsageError
     from heisd.executors import LocalExecutor, RayExecutor, RayOptions
 
@@ -281,20 +282,8 @@ def executor_of(args: argparse.Namespace, processes: int = 1):
     if getattr(args, "server", None):
         raise UsageError("--ray: with --server the policy runs on the server; run the episodes here")
     address = None if args.ray == RAY_HERE else args.ray
-    return RayExecutor(RayOptions(address, args.ray_workers, float(getattr(args, "threads", 1)),
-                                  args.gpus_per_worker))
-
-
-def for_workers(args: argparse.Namespace) -> argparse.Namespace:
-    """The flags as Ray workers get them (a run with --ray uses them throughout): the resources'
-    paths made absolute, since a worker's working directory is not the driver's."""
-    import os
-
-    args = argparse.Namespace(**vars(args))
-    for name in ("target", "drafter", "datastore"):
-        if getattr(args, name, None):
-            setattr(args, name, os.path.abspath(getattr(args, name)))
-    return args
+    cpus = float(getattr(args, "threads", 1)) if cpus is None else cpus
+    return RayExecutor(RayOptions(address, args.ray_workers, cpus, args.gpus_per_worker))
 
 
 def worker_target(args: argparse.Namespace, fingerprint: str):

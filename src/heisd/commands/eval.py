@@ -44,7 +44,6 @@ def run(args: argparse.Namespace) -> int:
         camera_of,
         closed_loop_unnorm_key,
         executor_of,
-        for_workers,
         load_policy,
         max_steps_of,
         method_config,
@@ -56,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
 
     tasks = resolve_tasks(args.benchmark, args.tasks)
     executor, make_policy = executor_of(args), None
-    if executor.remote:
-        args = for_workers(args)
     if args.ray is not None and args.persist_thresholds:
         raise UsageError("--persist-thresholds: with --ray each worker adapts the skip thresholds over its own "
                          "episodes; there is no one sequence of updates to store")
