@@ -217,7 +217,7 @@ class EpisodeEncoder:
             self.files[path] = DemoFile(path, self.skip_invalid)
         return self.files[path]
 
-    def __enter__(self) -> "EpisodeEncoder":
+    def __enter__(self) -> EpisodeEncoder:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -240,8 +240,10 @@ def encode_episode(encoder: EpisodeEncoder, job: tuple[int, str, str, bool]) -> 
     target, batch = encoder.target, encoder.config.batch_size
     if ep.actions.shape[1] != target.spec.action_dim:  # the driver names the file
         return {"actions": ep.actions}
-    parts = [encode_frames(target, ep.images[lo : lo + batch], ep.instruction, ep.state[lo : lo + batch])
-             for lo in range(0, len(ep), batch)]
+    parts = [
+        encode_frames(target, ep.images[lo : lo + batch], ep.instruction, ep.state[lo : lo + batch])
+        for lo in range(0, len(ep), batch)
+    ]
     return {
         "task": ep.task,
         "actions": ep.actions,
