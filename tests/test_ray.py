@@ -120,6 +120,12 @@ def test_demos_and_build_datastore_on_ray_equal_local(cluster, tmp_path):
     heisd(*demos, "--out", tmp_path / "local.hdf5")
     heisd(*demos, "--out", tmp_path / "ray.hdf5", "--ray", "--ray-workers", 2)
     assert h5_contents(tmp_path / "ray.hdf5") == h5_contents(tmp_path / "local.hdf5")
+    # the target's own rollouts with the expert's labels (what each DAgger round records)
+    dagger = ["demos", "--policy", "checkpoints/vla", "--expert-labels", "--tasks", "reach-v3", "--episodes", "2",
+              "--max-steps", "16", "--image-size", "64", "--camera", "corner", "--seed", "7"]
+    heisd(*dagger, "--out", tmp_path / "dagger_local.hdf5")
+    heisd(*dagger, "--out", tmp_path / "dagger_ray.hdf5", "--ray", "--ray-workers", 2)
+    assert h5_contents(tmp_path / "dagger_ray.hdf5") == h5_contents(tmp_path / "dagger_local.hdf5")
 
     build = ["build-datastore", "--target", "checkpoints/vla", "--demos", tmp_path / "local.hdf5", "--threads", 1,
              "--batch-size", 16]
@@ -136,9 +142,25 @@ def test_demos_and_build_datastore_on_ray_equal_local(cluster, tmp_path):
     assert ray == local
 
 
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory) -> Path:
+    """Expert demonstrations of reach (held out: a seed of their own) and a datastore built from them."""
+    root = tmp_path_factory.mktemp("held_out")
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        heisd("demos", "--tasks", "reach-v3", "--episodes", "2", "--max-steps", "100", "--image-size", "64",
+              "--camera", "corner", "--seed", "3", "--out", root / "held.hdf5")
+        heisd("build-datastore", "--target", "checkpoints/vla", "--demos", root / "held.hdf5", "--threads", 1,
+              "--out", root / "ds")
+    finally:
+        os.chdir(cwd)
+    return root
+
+
 @pytest.mark.slow
-def test_bench_on_ray_runs_every_configuration_of_an_episode_on_one_worker(cluster, tmp_path):
-    bench = ["bench", "--only", "specvla", "--drafter", "checkpoints/drafter", *MW]
+def test_bench_on_ray_runs_every_configuration_of_an_episode_on_one_worker(cluster, held_out, tmp_path):
+    bench = ["bench", "--only", "specvla", "--drafter", "checkpoints/drafter", "--datastore", held_out / "ds", *MW]
     heisd(*bench, "--out", tmp_path / "local")
     heisd(*bench, "--out", tmp_path / "ray", "--ray", "--ray-workers", 2)
     for folder in ("ar", "specvla"):
@@ -153,10 +175,8 @@ def test_bench_on_ray_runs_every_configuration_of_an_episode_on_one_worker(clust
 
 
 @pytest.mark.slow
-def test_replay_on_ray_equals_local(cluster, tmp_path):
-    heisd("demos", "--tasks", "reach-v3", "--episodes", "2", "--max-steps", "30", "--image-size", "64",
-          "--camera", "corner", "--seed", "3", "--out", tmp_path / "held.hdf5")
-    replay = ["replay", "--method", "specvla", "--drafter", "checkpoints/drafter", "--demos", tmp_path / "held.hdf5",
+def test_replay_on_ray_equals_local(cluster, held_out, tmp_path):
+    replay = ["replay", "--method", "specvla", "--drafter", "checkpoints/drafter", "--demos", held_out / "held.hdf5",
               "--frames", "20"]
     heisd(*replay, "--out", tmp_path / "local")
     heisd(*replay, "--out", tmp_path / "ray", "--ray", "--ray-workers", 2)

@@ -82,7 +82,7 @@ def _pool_run(work: Work, job: Any) -> tuple[Any, Any]:
 
 @dataclass(frozen=True)
 class RayOptions:
-    address: str | None = None  # a cluster's address; None: ray.init()'s choice (a cluster started here, else a new one)
+    address: str | None = None  # a cluster's address; None: ray.init()'s (a cluster started here, else a new one)
     workers: int = 0  # actors; 0: as many as the cluster's CPUs (and GPUs) hold
     cpus_per_worker: float = 1.0  # Ray resources each actor reserves (its torch threads)
     gpus_per_worker: float = 0.0
@@ -107,7 +107,7 @@ class RayExecutor:
             num_cpus=self.options.cpus_per_worker, num_gpus=self.options.gpus_per_worker, max_restarts=0,
             max_task_retries=0)
         spawn = partial(actor_class.remote, os.getcwd(), setup, work)
-        actors = [spawn() for _ in range(min(self._workers(), len(jobs)))]
+        actors: list[Any] = [spawn() for _ in range(min(self._workers(), len(jobs)))]
         log.info("ray: %d workers for %d jobs", len(actors), len(jobs))
         queue = deque(enumerate(jobs))
         attempts = [0] * len(jobs)
