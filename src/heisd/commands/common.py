@@ -281,6 +281,8 @@ def executor_of(args: argparse.Namespace, processes: int = 1, cpus: float | None
         raise UsageError("--workers counts local processes; with --ray give --ray-workers")
     if getattr(args, "server", None):
         raise UsageError("--ray: with --server the policy runs on the server; run the episodes here")
+    if str(getattr(args, "device", "cpu")).startswith("cuda") and not args.gpus_per_worker:
+        raise UsageError("--device cuda with --ray: give --gpus-per-worker (a Ray worker sees only its own GPUs)")
     address = None if args.ray == RAY_HERE else args.ray
     cpus = float(getattr(args, "threads", 1)) if cpus is None else cpus
     return RayExecutor(RayOptions(address, args.ray_workers, cpus, args.gpus_per_worker))

@@ -142,13 +142,13 @@ class EvalRun:
 @dataclass
 class EpisodeWorker:
     """What runs episodes: one policy per method (bench: each configuration; eval: one) and the
-    settings. `log`: the run's mujoco.log where the worker shares the run's folder; None on a Ray
-    worker, whose lines bring MuJoCo's warnings back to the driver."""
+    settings. `logs`: per policy, its run's mujoco.log where the worker shares the run's folders;
+    None on a Ray worker, whose lines bring MuJoCo's warnings back to the driver."""
 
     policies: list[VLAPolicy]
     cfg: EvalConfig
     out: str  # the run folder, named in errors
-    log: Path | None = None
+    logs: list[Path] | None = None
 
 
 def episode_worker(make_policies: Callable[[], list[VLAPolicy]], cfg: EvalConfig, out: str,
@@ -166,11 +166,11 @@ def episode_worker(make_policies: Callable[[], list[VLAPolicy]], cfg: EvalConfig
 def play(worker: EpisodeWorker, job: tuple[str, int, Sequence[int]]) -> list[tuple[int, dict]]:
     """Episode i of task `task` with each policy k of `ks` in turn: [(k, episode line)]."""
     task, i, ks = job
-    return [(k, play_episode(worker, worker.policies[k], task, i)) for k in ks]
+    return [(k, play_episode(worker, k, task, i)) for k in ks]
 
 
-def play_episode(worker: EpisodeWorker, policy: VLAPolicy, task: str, i: int) -> dict:
-    """One evaluation episode's line (what episodes.jsonl keeps)."""
+def play_episode(worker: EpisodeWorker, k: int, task: str, i: int) -> dict:
+    """One evaluation episode of policy k: its line (what episodes.jsonl keeps)."""
     import tempfile
 
     from heisd.benchmarks.mujoco_log import mujoco_log
@@ -178,10 +178,10 @@ def play_episode(worker: EpisodeWorker, policy: VLAPolicy, task: str, i: int) ->
     from heisd.executors import worker_name
     from heisd.runtime.recording import episode_seed
 
-    cfg = worker.cfg
+    cfg, policy = worker.cfg, worker.policies[k]
     layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
     with ExitStack() as stack:
-        log_path = worker.log
+        log_path = None if worker.logs is None else worker.logs[k]
         if log_path is None:  # a Ray worker: the warnings travel back in the line
             log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / MUJOCO_LOG
         with mujoco_log(log_path, f"{task} episode {i}"):
@@ -195,7 +195,7 @@ def play_episode(worker: EpisodeWorker, policy: VLAPolicy, task: str, i: int) ->
         skips = policy.skip_thresholds()
         if skips:
             line[run_thresholds.LINE_KEY] = run_thresholds.snapshot(skips)
-        if worker.log is None:
+        if worker.logs is None:
             line["worker"] = worker_name()
             if log_path.exists():
                 line[WARNINGS_KEY] = log_path.read_text()
@@ -219,7 +219,7 @@ def evaluate(policy: VLAPolicy, method_label: str, cfg: EvalConfig, out: Path, p
         check_persistable(policy.skip_thresholds())
     with EvalRun(method_label, cfg, out, identity) as run:
         run.attach(policy)
-        here = EpisodeWorker([policy], cfg, str(run.out), run.out / MUJOCO_LOG)
+        here = EpisodeWorker([policy], cfg, str(run.out), [run.out / MUJOCO_LOG])
         setup = None if make_policy is None else partial(
             episode_worker, partial(_one, make_policy), cfg, str(run.out),
             [run_thresholds.snapshot(policy.skip_thresholds())])
