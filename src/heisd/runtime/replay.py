@@ -45,6 +45,17 @@ def replay_plan(paths: list[str | Path], frames: int, stride: int) -> list[tuple
     return plan
 
 
+def replay_frames(paths: list[str | Path], frames: int, stride: int):
+    """Yield (episode, t, is_first) in `replay_plan`'s order: the frames replay decodes, as it walks them."""
+    from heisd.data.dataset import DemoFile
+
+    for path, name, ts in replay_plan(paths, frames, stride):
+        with DemoFile(path) as f:
+            ep = f.episode(name)
+        for t in ts:
+            yield ep, t, t == 0
+
+
 def replay_episode(policies: tuple[VLAPolicy, VLAPolicy], job: tuple[str, str, tuple[int, ...]]) -> list[tuple]:
     """Decode one episode's frames with the method and with AR (`policies`); per frame: (the
     method's step record, AR's latency, the method's tokens, AR's)."""
