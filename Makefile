@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build on local disk, so no multi-GB CUDA build is pulled
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,libero,robot]'
+	$(BIN)/pip install -q -e '.[dev,libero,robot,ray]'
 	$(BIN)/pip install -q --no-deps $(LIBERO_NODEPS) $(TEST_NODEPS)
 	touch $(STAMP)
 

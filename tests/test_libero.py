@@ -216,6 +216,20 @@ def test_env_reset_from_init_states(env):
         env.reset(options={"init_state": 50})
 
 
+def test_an_episode_does_not_depend_on_what_ran_before(env):
+    """Resumed and distributed runs (`--ray`) run an episode in another process, after other
+    episodes: it must start from the same simulator state, solver warm start included."""
+    env.reset(options={"init_state": 1})
+    first = env.sim_state(), np.array(env._env.env.sim.data.qacc_warmstart)
+    env.reset(options={"init_state": 0})
+    for _ in range(5):
+        env.step(np.array([0.5, -0.3, 0.2, 0, 0, 0.1, 1.0]), render=False)
+    np.random.random(7)  # what else ran in the process moved numpy's global generator
+    env.reset(options={"init_state": 1})
+    assert np.array_equal(env.sim_state(), first[0])
+    assert np.array_equal(env._env.env.sim.data.qacc_warmstart, first[1])
+
+
 def test_env_step_render_rotation_and_truncation(env):
     from dataclasses import replace
 

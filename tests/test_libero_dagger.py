@@ -35,7 +35,7 @@ def _record(tmp_path: Path, cfg: DemoConfig, successes: list[bool], monkeypatch)
     """The real LIBERO writer over episodes made up here (the simulator's part is tested elsewhere)."""
     from heisd.runtime import libero_demos
 
-    monkeypatch.setattr(libero_demos, "episode_job", lambda job: _episode(successes[job[1]]))
+    monkeypatch.setattr(libero_demos, "episode_work", lambda state, job: _episode(successes[job[1]]))
     libero_demos.generate_libero_demos(cfg, tmp_path, progress=False)
     return tmp_path / f"{TASK}_demo.hdf5"
 

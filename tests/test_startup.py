@@ -14,7 +14,7 @@ import pytest
 from heisd.commands.runner import COMMANDS
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-HEAVY = ("torch", "transformers", "faiss", "h5py", "mujoco", "libero", "metaworld")
+HEAVY = ("torch", "transformers", "faiss", "h5py", "mujoco", "libero", "metaworld", "ray")
 
 PROBE = """
 import sys

@@ -147,17 +147,20 @@ class LiberoEnv(gym.Env):
         self._env.env.sim.reset()
         for robot in self._env.env.robots:
             robot.gripper.current_action = np.zeros(robot.gripper.dof)
+        # LIBERO's samplers draw from numpy's global generator: seed it for this reset only. Also before
+        # an init state is set over the drawn layout: the draw leaves traces the init state does not
+        # overwrite, so an unseeded draw made an episode depend on what the process ran before it
+        # (a resumed or distributed run then differed from an uninterrupted one, late in an episode)
+        seed = options["layout_seed"] if "layout_seed" in options else options.get("init_state", 0)
+        saved = np.random.get_state()
+        np.random.seed(int(seed) % 2**32)
+        try:
+            self._env.reset()
+        finally:
+            np.random.set_state(saved)
         if "layout_seed" in options:
-            # LIBERO's samplers draw from numpy's global generator: seed it for this reset only
-            saved = np.random.get_state()
-            np.random.seed(int(options["layout_seed"]) % 2**32)
-            try:
-                self._env.reset()
-            finally:
-                np.random.set_state(saved)
             layout = self.sim_state()
         else:
-            self._env.reset()
             layout = self._start_state(options)
             self._env.set_init_state(layout)
         for _ in range(NUM_STEPS_WAIT):  # the protocol ignores `done` during the wait

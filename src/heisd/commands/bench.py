@@ -8,7 +8,12 @@ HELP = "Benchmark AR, SpecVLA, retrieval SD, HeiSD and its ablation ladder on id
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.commands.common import add_camera_argument, add_episode_arguments, add_method_arguments
+    from heisd.commands.common import (
+        add_camera_argument,
+        add_episode_arguments,
+        add_method_arguments,
+        add_ray_arguments,
+    )
 
     add_method_arguments(p, method=False)
     add_camera_argument(p)
@@ -36,20 +41,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persist-thresholds", action="store_true",
                    help="after the last episode, merge the full heisd run's online-adapted skip thresholds into "
                         "the datastore's manifest (by default they stay in --out and the datastore is only read)")
+    add_ray_arguments(p, "episodes (each job: one episode with every configuration in turn)")
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
+    from functools import partial
     from pathlib import Path
 
     from heisd.benchmarks.registry import check_target, resolve_tasks
     from heisd.commands.common import (
         camera_of,
         closed_loop_unnorm_key,
+        executor_of,
         load_target,
         max_steps_of,
         method_config,
+        worker_target,
     )
+    from heisd.errors import UsageError
     from heisd.runtime.bench import (QUICK_TASKS, full_heisd, ladder, report_table, run_bench, tolerance_variant,
                                      write_report)
     from heisd.runtime.evaluation import EvalConfig
@@ -62,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         tasks = resolve_tasks(args.benchmark, args.tasks)
         episodes, max_steps = args.episodes, max_steps_of(args)
+    executor = executor_of(args)
     base = method_config(args, "heisd")
     configs = ladder(base) + [replace(base, switch="threshold", switch_threshold=t) for t in args.thresholds]
     configs += [c for c in (tolerance_variant(base, spec) for spec in args.tolerances)
@@ -72,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise SystemExit(f"--only: no configuration labelled {', '.join(unknown)}; the labels are {', '.join(labels)}")
         configs = [c for c in configs if c.method == "ar" or c.label in args.only]
+    if args.ray is not None and args.persist_thresholds:
+        raise UsageError("--persist-thresholds: with --ray each worker adapts the skip thresholds over its own "
+                         "episodes; there is no one sequence of updates to store")
     closed_loop_unnorm_key(args)
     target = load_target(args)
     check_target(args.benchmark, target.spec)
@@ -79,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
                      protocol=target.spec.protocol, center_crop=not args.no_center_crop)
     out = Path(args.out)
     summaries = run_bench(target, configs, cfg, out, persist=full_heisd(base) if args.persist_thresholds else None,
-                          target_path=args.target, record_options=args.record_options)
+                          target_path=args.target, record_options=args.record_options, executor=executor,
+                          make_target=partial(worker_target, args, target.fingerprint())
+                          if executor.remote else None)
     report = write_report(summaries, out, recorded_command(), cfg)
     print(report_table(summaries))
     print(f"report: {report}")

@@ -11,7 +11,7 @@ HELP = "Build the retrieval datastore (keys, own/demonstrator tokens, hidden sta
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.benchmarks.registry import BENCHMARKS
-    from heisd.commands.common import add_target_arguments
+    from heisd.commands.common import add_ray_arguments, add_target_arguments
 
     add_target_arguments(p)
     p.add_argument("--demos", type=Path, nargs="+", required=True,
@@ -28,16 +28,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing datastore at --out (never a directory heisd did not make)")
+    add_ray_arguments(p, "encoding of the demonstration episodes (the datastore is written here, once, the same "
+                         "as a local build's)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from heisd.commands.common import check_demos_camera, load_target
+    from functools import partial
+
+    from heisd.commands.common import check_demos_camera, executor_of, load_target, worker_target
     from heisd.retrieval.build import BuildConfig, build_datastore
 
+    executor = executor_of(args)
     check_demos_camera(args.target, args.demos)
-    summary = build_datastore(load_target(args), args.demos, args.out, BuildConfig(args.batch_size, index=args.index),
+    target = load_target(args)
+    summary = build_datastore(target, args.demos, args.out, BuildConfig(args.batch_size, index=args.index),
                               overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
-                              benchmark=args.benchmark)
+                              benchmark=args.benchmark, executor=executor,
+                              make_target=partial(worker_target, args, target.fingerprint()) if executor.remote
+                              else None)
     print(f"wrote {summary['frames']} entries from {summary['episodes']} episodes to {args.out} "
           f"in {summary['seconds']:.0f} s ({summary['frames_per_s']:.0f} frames/s, {args.threads} threads); "
           f"dropped {summary['dropped_failed']} failed episodes"

@@ -259,3 +259,64 @@ def load_policy(args: argparse.Namespace, cfg):
 
     target = load_target(args)
     return VLAPolicy(target, build_decoders(cfg, target))
+
+
+def add_ray_arguments(p: argparse.ArgumentParser, what: str = "episodes") -> None:
+    """--ray [ADDRESS] and how many Ray workers, of what size (`heisd.executors`)."""
+    p.add_argument("--ray", nargs="?", const=RAY_HERE, default=None, metavar="ADDRESS",
+                   help=f"run the {what} on a Ray cluster: ADDRESS as `ray start --head` printed it (host:6379), or "
+                        "no ADDRESS for the cluster `ray start` made on this machine, else a new one here; every "
+                        "machine needs heisd and the same paths (checkpoints, demos, datastore). The driver writes "
+                        "the outputs, as a local run does")
+    p.add_argument("--ray-workers", type=int, default=0,
+                   help="--ray: workers (0: as many as the cluster's CPUs hold, --threads CPUs each, and GPUs "
+                        "with --gpus-per-worker)")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0,
+                   help="--ray: GPUs each worker reserves (e.g. 1, or 0.5 for two per GPU; with --device cuda)")
+
+
+RAY_HERE = "here"  # --ray without ADDRESS
+
+
+def executor_of(args: argparse.Namespace, processes: int = 1, cpus: float | None = None):
+    """Where the jobs run: Ray with --ray (workers of `cpus` CPUs, default --threads), else this
+    process (or `processes` local processes)."""
+    from heisd.errors import UsageError
+    from heisd.executors import LocalExecutor, RayExecutor, RayOptions
+
+    if args.ray is None:
+        for flag, value in (("--ray-workers", args.ray_workers), ("--gpus-per-worker", args.gpus_per_worker)):
+            if value:
+                raise UsageError(f"{flag} applies with --ray only")
+        return LocalExecutor(processes)
+    if processes > 1:
+        raise UsageError("--workers counts local processes; with --ray give --ray-workers")
+    if getattr(args, "server", None):
+        raise UsageError("--ray: with --server the policy runs on the server; run the episodes here")
+    if str(getattr(args, "device", "cpu")).startswith("cuda") and not args.gpus_per_worker:
+        raise UsageError("--device cuda with --ray: give --gpus-per-worker (a Ray worker sees only its own GPUs)")
+    address = None if args.ray == RAY_HERE else args.ray
+    cpus = float(getattr(args, "threads", 1)) if cpus is None else cpus
+    return RayExecutor(RayOptions(address, args.ray_workers, cpus, args.gpus_per_worker))
+
+
+def worker_target(args: argparse.Namespace, fingerprint: str):
+    """A Ray worker's target (`load_target`), refused when its files are not the driver's (a
+    machine whose checkpoint at that path differs)."""
+    from heisd.errors import InputError
+    from heisd.executors import worker_name
+
+    target = load_target(args)
+    if target.fingerprint() != fingerprint:
+        raise InputError(f"--target {args.target} on {worker_name()} is another checkpoint than the driver's "
+                         "(its fingerprint differs): give every machine the same files")
+    return target
+
+
+def worker_policy(args: argparse.Namespace, cfg, fingerprint: str):
+    """A Ray worker's policy for the method config `cfg` (`load_policy`, its target checked)."""
+    from heisd.runtime.methods import build_decoders
+    from heisd.runtime.policy import VLAPolicy
+
+    target = worker_target(args, fingerprint)
+    return VLAPolicy(target, build_decoders(cfg, target))

@@ -10,6 +10,7 @@ HELP = ("Improve the target with DAgger: roll it out, label the states it visits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from heisd.commands.common import add_ray_arguments
     from heisd.benchmarks.libero_experts import EXPERT_SUITES
     from heisd.runtime.dagger import DaggerConfig
     from heisd.runtime.methods import default_of
@@ -38,10 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="episode step limit of mw's rollouts (LIBERO: the suite's protocol value)")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in --out (a run with the same settings resumes without it)")
+    add_ray_arguments(p, "rollout episodes (fine-tuning stays on this machine)")
 
 
 def run(args: argparse.Namespace) -> int:
     from heisd.benchmarks.registry import resolve_tasks
+    from heisd.commands.common import executor_of
     from heisd.runtime.dagger import DaggerConfig, run_dagger
 
     cfg = DaggerConfig(init=str(args.init), demos=tuple(str(p) for p in args.demos),
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
                        seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                        threads=args.threads, workers=args.workers, max_steps=args.max_steps,
                        benchmark=args.benchmark)
-    final = run_dagger(cfg, args.out, overwrite=args.overwrite)
+    # a rollout worker runs one torch thread (recording's `_target_policy`), whatever --threads fine-tunes with
+    final = run_dagger(cfg, args.out, overwrite=args.overwrite, executor=executor_of(args, args.workers, cpus=1))
     print(f"final checkpoint: {final}  (per-round success of each actor: {args.out}/dagger_log.jsonl)")
     return 0

@@ -14,6 +14,7 @@ HELP = ("Record demonstrations as HDF5: scripted experts (mw; libero_object in L
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.benchmarks.cameras import DEFAULT_CAMERA
     from heisd.benchmarks.registry import BENCHMARKS
+    from heisd.commands.common import add_ray_arguments
 
     p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
                    help="benchmark to record in; of the LIBERO suites only libero_object has scripted experts "
@@ -45,10 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "atomically); required unless --measure")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing demonstration file at --out (never a file heisd did not make)")
+    add_ray_arguments(p, "episodes (the file is the same as a local run's: episodes are written in order)")
 
 
 def run(args: argparse.Namespace) -> int:
     from heisd.benchmarks.registry import resolve_tasks
+    from heisd.commands.common import executor_of
     from heisd.errors import UsageError
     from heisd.runtime.demos import generate_demos, measure_expert
     from heisd.runtime.recording import DemoConfig
@@ -60,11 +63,12 @@ def run(args: argparse.Namespace) -> int:
     tasks = resolve_tasks(args.benchmark, args.tasks)
     cfg = DemoConfig(tasks, args.episodes, args.seed, args.noise, args.image_size, args.camera, args.max_steps,
                      args.policy, args.expert_labels, args.benchmark)
+    executor = executor_of(args, args.workers)
     if args.measure:
-        return _print_measure(measure_expert(cfg, workers=args.workers), cfg)
+        return _print_measure(measure_expert(cfg, executor=executor), cfg)
     if args.out is None:
         raise UsageError("demos needs --out (the file or directory to record into), or --measure")
-    r = generate_demos(cfg, args.out, workers=args.workers, overwrite=args.overwrite)
+    r = generate_demos(cfg, args.out, overwrite=args.overwrite, executor=executor)
     dropped = sum(r["dropped"].values())
     print(f"wrote {r['kept']} episodes ({r['steps']} steps) to {args.out} in {r['seconds']:.0f} s "
           f"({r['steps_per_s']:.1f} steps/s); dropped {dropped} failed episodes {r['dropped'] or ''}")

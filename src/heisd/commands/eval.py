@@ -9,7 +9,12 @@ HELP = "Closed-loop evaluation of a decoding method (writes summary.json and epi
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.commands.common import add_camera_argument, add_episode_arguments, add_method_arguments
+    from heisd.commands.common import (
+        add_camera_argument,
+        add_episode_arguments,
+        add_method_arguments,
+        add_ray_arguments,
+    )
 
     add_method_arguments(p)
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
@@ -27,24 +32,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persist-thresholds", action="store_true",
                    help="after the last episode, merge the online-adapted skip thresholds into the datastore's "
                         "manifest (by default they stay in --out and the datastore is only read)")
+    add_ray_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from functools import partial
     from pathlib import Path
 
     from heisd.benchmarks.registry import check_target, resolve_tasks
     from heisd.commands.common import (
         camera_of,
         closed_loop_unnorm_key,
+        executor_of,
         load_policy,
         max_steps_of,
         method_config,
+        worker_policy,
     )
     from heisd.errors import InputError, UsageError
     from heisd.runtime.evaluation import EvalConfig, evaluate
     from heisd.runtime.runinfo import run_identity, server_identity
 
     tasks = resolve_tasks(args.benchmark, args.tasks)
+    executor, make_policy = executor_of(args), None
+    if args.ray is not None and args.persist_thresholds:
+        raise UsageError("--persist-thresholds: with --ray each worker adapts the skip thresholds over its own "
+                         "episodes; there is no one sequence of updates to store")
     if args.server:
         from heisd.client import RemotePolicy, ServerUnreachable, connect
 
@@ -67,11 +80,14 @@ def run(args: argparse.Namespace) -> int:
         check_target(args.benchmark, policy.target.spec)
         identity, chunk = run_identity(policy.target.fingerprint(), cfg, args.target), policy.target.spec.chunk
         protocol = policy.target.spec.protocol
+        if executor.remote:
+            make_policy = partial(worker_policy, args, cfg, policy.target.fingerprint())
     if args.execute > chunk:
         raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
     summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, max_steps_of(args), args.execute,
                                                  camera=camera_of(args), benchmark=args.benchmark, protocol=protocol,
                                                  center_crop=not args.no_center_crop),
-                       Path(args.out), identity=identity, persist_thresholds=args.persist_thresholds)
+                       Path(args.out), identity=identity, persist_thresholds=args.persist_thresholds,
+                       executor=executor, make_policy=make_policy)
     print(json.dumps(summary, indent=2))
     return 0

@@ -13,8 +13,9 @@ kinematic statistics F is normalized with and the action layout.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tqdm import tqdm
 
 from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.errors import InputError
+from heisd.executors import LocalExecutor
 from heisd.kinematics import KinematicConfig, KinematicStats, fit_delta_scale
 from heisd.retrieval.datastore import Datastore, DatastoreWriter
 from heisd.retrieval.index import IndexConfig, IndexKind
@@ -87,6 +89,8 @@ def build_datastore(
     overwrite: bool = False,
     skip_invalid: bool = False,
     benchmark: str | None = None,
+    executor: Any = None,
+    make_target: Callable[[], Target] | None = None,
 ) -> dict[str, Any]:
     """Encode every frame of every successful episode and write the datastore; returns a summary.
     Failed expert demonstrations are left out: their actions would be drafted as if they were
@@ -94,7 +98,9 @@ def build_datastore(
     the drafts are the target's own tokens, right for the target wherever it went (ours). The
     kinematic statistics come from the expert's episodes only (the metric's reference motion).
     `benchmark`: every file must come from it (a LIBERO file: from that suite); None accepts any.
-    `skip_invalid`: episodes with unusable data are left out (counted) instead of refused."""
+    `skip_invalid`: episodes with unusable data are left out (counted) instead of refused.
+    `executor` (`heisd.executors`; default: this process): where episodes are encoded, a remote one
+    by targets `make_target` loads (a picklable function); the datastore is written here, once."""
     config = config or BuildConfig()
     check_output(Path(out_dir), DATASTORE, overwrite)  # before the expensive part; finalize checks again
     spec = target.spec
@@ -110,52 +116,59 @@ def build_datastore(
     executed: list[np.ndarray] = []  # the expert's actions beside each trajectory
     # per file: who acted and its entries' episode ids [first, end): an entry's source is its episode's
     sources: list[dict[str, Any]] = []
-    total, invalid = 0, 0
-    for path in demos:  # episode count up front, for the progress bar
+    jobs, invalid = [], 0
+    for path in demos:  # every file checked before any encoding
         with DemoFile(path, skip_invalid) as f:
-            f.check_benchmark(benchmark)  # before any encoding: a file of another suite is refused up front
-            total, invalid = total + len(f), invalid + len(f.skipped)
-    with tqdm(total=total, unit="episode", desc="build-datastore") as bar:
-        for path in demos:
-            with DemoFile(path, skip_invalid) as f:
-                source = f.attrs.get("source", "expert")
-                if source == "dagger":  # expert labels on the target's states: neither kind of entry
-                    raise DemoFormatError(
-                        f"{path}: a DAgger file (the target acted, the expert labelled) is "
-                        "training data for train-vla, not datastore entries"
-                    )
-                tally = {"path": recorded_path(path), "source": source, "episodes": [episodes, episodes], "frames": 0}
-                sources.append(tally)
-                for ep in f:
-                    bar.update(1)
-                    if not ep.success and source != "target":
-                        dropped += 1
-                        continue
-                    if ep.actions.shape[1] != spec.action_dim:
-                        raise DemoFormatError(
-                            f"{path}: data/{ep.name}/actions has {ep.actions.shape[1]} dims, "
-                            f"the target's actions have {spec.action_dim}"
-                        )
-                    demo = demo_tokens(target, ep.actions, config.n_sequences)
-                    for lo in range(0, len(ep), config.batch_size):
-                        hi = min(lo + config.batch_size, len(ep))
-                        enc = encode_frames(target, ep.images[lo:hi], ep.instruction, ep.state[lo:hi])
-                        writer.add(
-                            keys=enc.keys,
-                            tokens=demo[lo:hi],
-                            own_tokens=enc.own_tokens,
-                            hidden=enc.hidden,
-                            ee_pos=ep.ee_pos[lo:hi],
-                            episode=episodes,
-                            step=np.arange(lo, hi),
-                            task=ep.task,
-                        )
-                    if source != "target":
-                        trajectories.append(ep.ee_pos)
-                        executed.append(ep.actions)
-                    episodes += 1
-                    tally["episodes"][1], tally["frames"] = episodes, tally["frames"] + len(ep)
-                    bar.set_postfix(frames=len(writer))
+            f.check_benchmark(benchmark)  # a file of another suite is refused up front
+            source = f.attrs.get("source", "expert")
+            if source == "dagger":  # expert labels on the target's states: neither kind of entry
+                raise DemoFormatError(
+                    f"{path}: a DAgger file (the target acted, the expert labelled) is "
+                    "training data for train-vla, not datastore entries"
+                )
+            sources.append({"path": recorded_path(path), "source": source, "episodes": [0, 0], "frames": 0})
+            jobs += [(len(sources) - 1, str(path), name, source == "target") for name in f.episode_names()]
+            invalid += len(f.skipped)
+    here, started = EpisodeEncoder(target, config, skip_invalid), 0  # files before `started` have their first id
+    setup = None if make_target is None else partial(_remote_encoder, make_target, config, skip_invalid)
+    with tqdm(total=len(jobs), unit="episode", desc="build-datastore") as bar, here:
+        # in job order: the entries, their ids and the statistics are the same wherever episodes were encoded
+        for (file, path, name, _), ep in (executor or LocalExecutor()).map(
+            encode_episode, jobs, setup=setup, here=here, ordered=True
+        ):
+            bar.update(1)
+            for tally in sources[started : file + 1]:  # a file's ids start where the files before it ended
+                tally["episodes"] = [episodes, episodes]
+            started, tally = max(started, file + 1), sources[file]
+            if ep is None:  # a failed expert episode: its actions would be drafted as if they were right
+                dropped += 1
+                continue
+            if ep["actions"].shape[1] != spec.action_dim:
+                raise DemoFormatError(
+                    f"{path}: data/{name}/actions has {ep['actions'].shape[1]} dims, "
+                    f"the target's actions have {spec.action_dim}"
+                )
+            n = len(ep["actions"])
+            for lo in range(0, n, config.batch_size):  # one add per target pass, as encoded
+                hi = min(lo + config.batch_size, n)
+                writer.add(
+                    keys=ep["keys"][lo:hi],
+                    tokens=ep["demo"][lo:hi],
+                    own_tokens=ep["own_tokens"][lo:hi],
+                    hidden=ep["hidden"][lo:hi],
+                    ee_pos=ep["ee_pos"][lo:hi],
+                    episode=episodes,
+                    step=np.arange(lo, hi),
+                    task=ep["task"],
+                )
+            if tally["source"] != "target":
+                trajectories.append(ep["ee_pos"])
+                executed.append(ep["actions"])
+            episodes += 1
+            tally["episodes"][1], tally["frames"] = episodes, tally["frames"] + n
+            bar.set_postfix(frames=len(writer))
+    for tally in sources[started:]:  # files left without an episode
+        tally["episodes"] = [episodes, episodes]
     if not episodes:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in demos]}")
     seconds = time.perf_counter() - start
@@ -189,6 +202,57 @@ def build_datastore(
     }
     writer.finalize(out_dir, extras=extras, overwrite=overwrite)
     return summary
+
+
+class EpisodeEncoder:
+    """What encodes demonstration episodes: the target, and the files it has opened (each opened,
+    and validated, once)."""
+
+    def __init__(self, target: Target, config: BuildConfig, skip_invalid: bool):
+        self.target, self.config, self.skip_invalid = target, config, skip_invalid
+        self.files: dict[str, DemoFile] = {}
+
+    def file(self, path: str) -> DemoFile:
+        if path not in self.files:
+            self.files[path] = DemoFile(path, self.skip_invalid)
+        return self.files[path]
+
+    def __enter__(self) -> EpisodeEncoder:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+
+
+def _remote_encoder(make_target: Callable[[], Target], config: BuildConfig, skip_invalid: bool) -> EpisodeEncoder:
+    return EpisodeEncoder(make_target(), config, skip_invalid)
+
+
+def encode_episode(encoder: EpisodeEncoder, job: tuple[int, str, str, bool]) -> dict[str, Any] | None:
+    """One episode's entries, encoded in target passes of `batch_size` frames; None for a failed
+    episode that is not kept (`keep_failed`: the target's own rollouts are)."""
+    _, path, name, keep_failed = job
+    ep = encoder.file(path).episode(name)
+    if not ep.success and not keep_failed:
+        return None
+    target, batch = encoder.target, encoder.config.batch_size
+    if ep.actions.shape[1] != target.spec.action_dim:  # the driver names the file
+        return {"actions": ep.actions}
+    parts = [
+        encode_frames(target, ep.images[lo : lo + batch], ep.instruction, ep.state[lo : lo + batch])
+        for lo in range(0, len(ep), batch)
+    ]
+    return {
+        "task": ep.task,
+        "actions": ep.actions,
+        "ee_pos": ep.ee_pos,
+        "demo": demo_tokens(target, ep.actions, encoder.config.n_sequences),
+        "keys": np.concatenate([p.keys for p in parts]),
+        "own_tokens": np.concatenate([p.own_tokens for p in parts]),
+        "hidden": np.concatenate([p.hidden for p in parts]),
+    }
 
 
 def demo_identity(path: str | Path) -> dict[str, Any]:

@@ -10,17 +10,23 @@ the paper's fixed acceptance tolerance (the paper's rungs keep it too).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
-from heisd.runtime.evaluation import EvalConfig, EvalRun
+import numpy as np
+
+from heisd.runtime import run_thresholds
+from heisd.runtime.evaluation import MUJOCO_LOG, EpisodeWorker, EvalConfig, EvalRun, episode_worker, play
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.options import make_recorder
 from heisd.runtime.policy import VLAPolicy
 from heisd.runtime.runinfo import EVAL_RUN, run_identity
 from heisd.storage import OutputKind, directory_lock, refuse_foreign, write_json, write_text
 
+LOCAL_WORKER = "local"  # the worker of episode lines without one (a run in one process)
 QUICK_TASKS = ("reach-v3", "drawer-close-v3", "button-press-topdown-v3")
 BENCH_FILE = "bench.json"
 # a bench folder: its bench.json, or (before the first finishes) the method run folders in it
@@ -74,31 +80,46 @@ def tolerance_variant(base: MethodConfig, spec: str) -> MethodConfig:
         raise UsageError(f"--tolerances: {err}") from err
 
 
+def bench_policies(target, configs: list[MethodConfig], record_options: bool = False) -> list[VLAPolicy]:
+    """One policy per configuration on the shared target (with its option recorder where asked)."""
+    policies = [VLAPolicy(target, build_decoders(mc, target)) for mc in configs]
+    if record_options:
+        for mc, policy in zip(configs, policies, strict=True):
+            policy.recorder = make_recorder(mc, target, policy.decoders)
+    return policies
+
+
+def _remote_policies(make_target: Callable, configs: list[MethodConfig], record_options: bool) -> list[VLAPolicy]:
+    return bench_policies(make_target(), configs, record_options)
+
+
 def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, progress: bool = True,
               persist: MethodConfig | None = None, target_path: str | None = None,
-              record_options: bool = False) -> list[dict]:
+              record_options: bool = False, executor=None, make_target: Callable | None = None) -> list[dict]:
     """Evaluate each configuration into out/<label>/ (each resumable, each run.json with the
     resources' fingerprints). `persist`: the configuration whose online skip thresholds are
     merged into the datastore manifest once all its episodes are done (none when None).
     `record_options`: configurations with a cost-based choice also record, per step and untimed,
     what each of its options would have done (`runtime.options`, for `heisd project`).
+    `executor` (`heisd.executors`; default: this process): where the jobs run; a remote one
+    loads each worker's target with `make_target` (a picklable function).
 
-    Methods take turns episode by episode rather than one after the other, so a change in
-    machine load during the run (this machine is shared) hits every method alike and the
-    speedups, ratios to AR's latency, stay like-for-like.
+    One job is one episode (task, index) with every configuration in turn, on one worker, rather
+    than one method after the other, so a change in machine load during the run (this machine is
+    shared) hits every method alike; the speedups, ratios to AR's latency, are formed within each
+    worker (`worker_speedups`), never across machines of different speed.
     """
     from tqdm import tqdm
 
+    from heisd.executors import LocalExecutor
     from heisd.retrieval.online import check_persistable
 
     if configs[0].method != "ar":
         raise ValueError("the first configuration must be AR: speedups are ratios to it")
+    executor = executor or LocalExecutor()
     out = Path(out)
     refuse_foreign(out, BENCH_RUN)
-    policies = [VLAPolicy(target, build_decoders(mc, target)) for mc in configs]
-    if record_options:
-        for mc, policy in zip(configs, policies, strict=True):
-            policy.recorder = make_recorder(mc, target, policy.decoders)
+    policies = bench_policies(target, configs, record_options)
     if persist is not None:
         check_persistable(policies[configs.index(persist)].skip_thresholds())
     fingerprint = target.fingerprint()
@@ -110,12 +131,18 @@ def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, p
         for run, policy in zip(runs, policies):
             run.attach(policy)
         pending = [set(run.pending()) for run in runs]
-        jobs = [(t, i, k) for t in cfg.tasks for i in range(cfg.episodes) for k in range(len(runs))
-                if (t, i) in pending[k]]
-        bar = tqdm(jobs, desc="bench", unit="ep", disable=not progress)
-        for task, i, k in bar:
-            bar.set_postfix(method=runs[k].label, task=task)
-            runs[k].run(policies[k], task, i)
+        jobs = [(t, i, ks) for t in cfg.tasks for i in range(cfg.episodes)
+                if (ks := tuple(k for k in range(len(runs)) if (t, i) in pending[k]))]
+        here = EpisodeWorker(policies, cfg, str(out), [run.out / MUJOCO_LOG for run in runs])
+        setup = None if make_target is None else partial(
+            episode_worker, partial(_remote_policies, make_target, configs, record_options), cfg, str(out),
+            [run_thresholds.snapshot(policy.skip_thresholds()) for policy in policies])
+        with tqdm(total=sum(len(ks) for *_, ks in jobs), desc="bench", unit="ep", disable=not progress) as bar:
+            for (task, _, _), lines in executor.map(play, jobs, setup=setup, here=here):
+                for k, line in lines:
+                    runs[k].record(line)
+                bar.update(len(lines))
+                bar.set_postfix(task=task)
         summaries = []
         for mc, run in zip(configs, runs):
             summary = run.summary()
@@ -126,10 +153,28 @@ def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, p
             k = configs.index(persist)
             runs[k].persist_thresholds(policies[k])
         ar = summaries[0]["latency_ms"]["median"]
-        for s in summaries:
-            s["speedup"] = ar / s["latency_ms"]["median"]
+        for run, s in zip(runs, summaries):
+            by_worker = worker_speedups(runs[0].done, run.done)
+            # no worker ran both (a resume after AR finished elsewhere): the pooled ratio
+            s["speedup"] = float(np.median(list(by_worker.values()))) if by_worker else ar / s["latency_ms"]["median"]
+            if len(by_worker) > 1:  # one worker: the plain ratio, nothing to spread
+                s["speedup_by_worker"] = by_worker
         write_json(out / BENCH_FILE, summaries)
     return summaries
+
+
+def worker_speedups(ar_lines: list[dict], lines: list[dict]) -> dict[str, float]:
+    """Per worker that ran both (`worker` of a Ray run's lines; a local run is one worker): AR's
+    median step latency over its episodes / the method's over its episodes. Each ratio compares
+    steps timed on one machine under one load."""
+    def latencies(episodes: list[dict]) -> dict[str, list[float]]:
+        by: dict[str, list[float]] = {}
+        for e in episodes:
+            by.setdefault(e.get("worker", LOCAL_WORKER), []).extend(e["steps"]["latency_ms"])
+        return by
+
+    ar, ours = latencies(ar_lines), latencies(lines)
+    return {w: float(np.median(ar[w]) / np.median(ours[w])) for w in sorted(ours) if w in ar and ours[w]}
 
 
 def _identity(fingerprint: str, mc: MethodConfig, target_path: str | None, policy: VLAPolicy) -> dict:
@@ -150,7 +195,7 @@ def report_table(summaries: list[dict]) -> str:
     for s in summaries:
         b = s["breakdown_ms"]
         rows.append(
-            f"| {s['method']} | {100 * s['sr']:.1f}% ({s['episodes']}) | {s['speedup']:.2f}x | "
+            f"| {s['method']} | {100 * s['sr']:.1f}% ({s['episodes']}) | {s['speedup']:.2f}x{_spread(s)} | "
             f"{s['tokens_per_forward']:.2f} | {s['acceptance_length']:.2f} | {s['target_forwards']:.2f} | "
             f"{s['latency_ms']['median']:.1f} / {s['latency_ms']['p90']:.1f} | "
             f"{s['skip_rate']:.2f} ({s['prefill_skip_rate']:.2f}) | "
@@ -159,6 +204,12 @@ def report_table(summaries: list[dict]) -> str:
             + " |"
         )
     return "\n".join(rows) + "\n"
+
+
+def _spread(summary: dict) -> str:
+    """A Ray run's speedup is the median of per-worker ratios: their range beside it."""
+    ratios = list(summary.get("speedup_by_worker", {}).values())
+    return f" ({min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} workers)" if ratios else ""
 
 
 def position_table(summaries: list[dict]) -> str:
@@ -227,7 +278,8 @@ def write_report(summaries: list[dict], out: Path, command: str, cfg: EvalConfig
     text = (
         f"# heisd bench\n\nCommand: `{command}`\n\n"
         f"Tasks: {', '.join(cfg.tasks)}; {cfg.episodes} episodes per task; evaluation seed {cfg.seed}; "
-        f"{limit}. Speedup = AR median latency / method median latency, same run.\n\n"
+        f"{limit}. Speedup = AR median latency / method median latency, same run (with --ray: per worker, over "
+        f"the episodes it ran; the median of the workers' ratios, their range in brackets).\n\n"
         + report_table(summaries)
         + "\n## Success per task\n\n" + "\n".join(task_rows) + "\n\n" + position_table(summaries) + switch_table(summaries) + "## Plots\n\n"
         + "".join(f"![{p.stem}]({p.name})\n" for p in plots)

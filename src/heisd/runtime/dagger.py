@@ -91,8 +91,12 @@ def demo_seeds(paths: tuple[str, ...]) -> set[int]:
     return {int(s["seed"]) for s in settings if "seed" in s}
 
 
-def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: bool = True) -> Path:
-    """Run (or resume) every round; return the last round's checkpoint directory."""
+def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: bool = True, executor=None) -> Path:
+    """Run (or resume) every round; return the last round's checkpoint directory. `executor`
+    (`heisd.executors`; default: `cfg.workers` local processes): where the rollouts run."""
+    from heisd.executors import LocalExecutor
+
+    executor = executor or LocalExecutor(cfg.workers)
     out = Path(out)
     saved = out / CONFIG_FILE
     refuse_foreign(out, DAGGER_RUN)  # also names a corrupt dagger.json before it is read
@@ -118,11 +122,11 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
             write_json(saved, now)
         actor = Path(cfg.init)
         for r in range(1, cfg.rounds + 1):
-            actor = _round(cfg, out, r, actor, progress)
+            actor = _round(cfg, out, r, actor, progress, executor)
     return actor
 
 
-def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) -> Path:
+def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool, executor) -> Path:
     """Round r: roll out `actor`, label, fine-tune it on everything so far; return the new checkpoint."""
     import torch
 
@@ -149,7 +153,7 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool) ->
             trained_camera(actor) or demo_camera([Path(p) for p in cfg.demos]) or UNRECORDED_CAMERA)
         demo_cfg = DemoConfig(cfg.tasks, cfg.episodes, cfg.round_seed(r), camera=camera, max_steps=cfg.max_steps,
                               policy=str(actor), expert_labels=True, benchmark=cfg.benchmark)
-        generate_demos(demo_cfg, _rollout_output(cfg, folder), workers=cfg.workers, progress=progress)
+        generate_demos(demo_cfg, _rollout_output(cfg, folder), progress=progress, executor=executor)
     rollout_s = time.perf_counter() - t0
     ckpt = folder / "vla"
     train_cfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,

@@ -23,20 +23,21 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, replace
-from multiprocessing import get_context
 from pathlib import Path
 
 from heisd import __version__
-from heisd.runtime.recording import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, episode_job
+from heisd.executors import LocalExecutor
+from heisd.runtime.recording import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, episode_work
 from heisd.storage import atomic_file, check_output
 from heisd.storage.hdf5 import HDF5Output
 
 
-def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True,
-                   overwrite: bool = False) -> dict:
+def generate_demos(cfg: DemoConfig, out: Path, progress: bool = True, overwrite: bool = False,
+                   executor=None) -> dict:
     """Roll out `cfg.policy` and write the episodes to `out` (atomically): the successful ones of
     an expert, every one of the target's. An existing `out` needs `overwrite`, and is replaced
-    only if heisd wrote it. LIBERO: `out` is a directory of per-task files in LIBERO's layout."""
+    only if heisd wrote it. LIBERO: `out` is a directory of per-task files in LIBERO's layout.
+    `executor` (`heisd.executors`; default: this process): where the episodes are rolled out."""
     from tqdm import tqdm
 
     from heisd.benchmarks.registry import is_libero, resolve_tasks
@@ -45,7 +46,7 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
     if is_libero(cfg.benchmark):
         from heisd.runtime.libero_demos import generate_libero_demos
 
-        return generate_libero_demos(cfg, out, workers, progress, overwrite)
+        return generate_libero_demos(cfg, out, progress, overwrite, executor)
     out = Path(out)
     check_output(out, DEMOS, overwrite)
     start = time.time()
@@ -61,26 +62,18 @@ def generate_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool 
         data.attrs["env_args"] = json.dumps(asdict(cfg))
         data.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         data.attrs[VERSION_ATTR] = __version__
-        # Episodes are independent jobs (each a pure function of its seed); imap keeps their
-        # order, so the file is identical for any number of workers.
-        pool = get_context("spawn").Pool(workers) if workers > 1 else None
-        try:
-            results = pool.imap(episode_job, jobs) if pool else map(episode_job, jobs)
-            for ep in results:
-                kept, steps = _write(data, ep, kept, steps, dropped, keep_failed=cfg.source in KEEP_FAILED)
-                h5.check()
-                bar.update(1)
-            if pool:
-                pool.close()
-        finally:
-            if pool:
-                pool.terminate()  # after close(): workers are done; on an error or interrupt: stop them
+        # Episodes are independent jobs (each a pure function of its seed), written in job order,
+        # so the file is identical for any number of workers, here or on Ray
+        for _, ep in (executor or LocalExecutor()).map(episode_work, jobs, ordered=True):
+            kept, steps = _write(data, ep, kept, steps, dropped, keep_failed=cfg.source in KEEP_FAILED)
+            h5.check()
+            bar.update(1)
         data.attrs["total"] = steps
     wall = time.time() - start
     return {"kept": kept, "dropped": dropped, "steps": steps, "seconds": wall, "steps_per_s": steps / wall}
 
 
-def measure_expert(cfg: DemoConfig, workers: int = 1, progress: bool = True) -> dict:
+def measure_expert(cfg: DemoConfig, progress: bool = True, executor=None) -> dict:
     """The expert's success per task on the layouts `cfg` would record (its seeds and noise), rolled
     out without rendering and without writing: {task: {"episodes", "successes", "mean_steps"}}."""
     from tqdm import tqdm
@@ -91,19 +84,12 @@ def measure_expert(cfg: DemoConfig, workers: int = 1, progress: bool = True) -> 
     cfg = replace(cfg, render=False)
     jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
     table = {t: {"episodes": 0, "successes": 0, "steps": 0} for t in cfg.tasks}
-    pool = get_context("spawn").Pool(workers) if workers > 1 else None
-    try:
-        results = pool.imap(episode_job, jobs) if pool else map(episode_job, jobs)
-        for ep in tqdm(results, total=len(jobs), desc="expert", unit="ep", disable=not progress):
-            row = table[ep["task"]]
-            row["episodes"] += 1
-            row["successes"] += int(ep["success"])
-            row["steps"] += len(ep["actions"])
-        if pool:
-            pool.close()
-    finally:
-        if pool:
-            pool.terminate()
+    results = (executor or LocalExecutor()).map(episode_work, jobs)
+    for _, ep in tqdm(results, total=len(jobs), desc="expert", unit="ep", disable=not progress):
+        row = table[ep["task"]]
+        row["episodes"] += 1
+        row["successes"] += int(ep["success"])
+        row["steps"] += len(ep["actions"])
     return {t: {"episodes": r["episodes"], "successes": r["successes"], "mean_steps": r["steps"] / r["episodes"]}
             for t, r in table.items()}
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import ExitStack
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from heisd.benchmarks.cameras import DEFAULT_CAMERA
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
 MUJOCO_LOG = "mujoco.log"
+WARNINGS_KEY = "mujoco_warnings"  # a remote worker's MuJoCo warnings, carried in its line to the driver
 
 
 @dataclass(frozen=True)
@@ -114,24 +117,12 @@ class EvalRun:
         finished = {(e["task"], e["episode"]) for e in self.done}
         return [(t, i) for t in self.cfg.tasks for i in range(self.cfg.episodes) if (t, i) not in finished]
 
-    def run(self, policy: VLAPolicy, task: str, i: int) -> dict:
-        from heisd.benchmarks.mujoco_log import mujoco_log
-        from heisd.benchmarks.registry import make_env, reset_options
-        from heisd.runtime.recording import episode_seed
-
-        cfg = self.cfg
-        layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
-        with mujoco_log(self.out / MUJOCO_LOG, f"{task} episode {i}"):
-            env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps, cfg.protocol,
-                           cfg.center_crop)
-            try:
-                line = run_episode(env, policy, reset_options(cfg.benchmark, layout_seed, i), cfg.execute)
-            except InputError as err:
-                raise InputError(f"{self.out}: {task} episode {i}: {err}") from err
-        line.update(task=task, episode=i, layout_seed=layout_seed)
-        skips = policy.skip_thresholds()
-        if skips:
-            line[run_thresholds.LINE_KEY] = run_thresholds.snapshot(skips)
+    def record(self, line: dict) -> dict:
+        """Append a finished episode's line (from any worker) to episodes.jsonl; MuJoCo warnings a
+        remote worker brought back go to the run's mujoco.log."""
+        warnings = line.pop(WARNINGS_KEY, "")
+        if warnings:
+            append_text(self.out / MUJOCO_LOG, warnings)
         append_text(self.out / EPISODES_FILE, strict_json(line) + "\n", sync=True)
         self.done.append(line)
         return line
@@ -148,26 +139,105 @@ class EvalRun:
         return summary
 
 
+@dataclass
+class EpisodeWorker:
+    """What runs episodes: one policy per method (bench: each configuration; eval: one) and the
+    settings. `logs`: per policy, its run's mujoco.log where the worker shares the run's folders;
+    None on a Ray worker, whose lines bring MuJoCo's warnings back to the driver."""
+
+    policies: list[VLAPolicy]
+    cfg: EvalConfig
+    out: str  # the run folder, named in errors
+    logs: list[Path] | None = None
+
+
+def episode_worker(make_policies: Callable[[], list[VLAPolicy]], cfg: EvalConfig, out: str,
+                   thresholds: list[dict]) -> EpisodeWorker:
+    """A Ray worker's state: its own policies, their skip thresholds continued from where the run
+    stands (`thresholds`, per policy); from then on they adapt over this worker's episodes."""
+    policies = make_policies()
+    for policy, state in zip(policies, thresholds, strict=True):
+        for skip in policy.skip_thresholds():
+            if skip.extras_key in state:
+                skip.restore(state[skip.extras_key])
+    return EpisodeWorker(policies, cfg, out)
+
+
+def play(worker: EpisodeWorker, job: tuple[str, int, Sequence[int]]) -> list[tuple[int, dict]]:
+    """Episode i of task `task` with each policy k of `ks` in turn: [(k, episode line)]."""
+    task, i, ks = job
+    return [(k, play_episode(worker, k, task, i)) for k in ks]
+
+
+def play_episode(worker: EpisodeWorker, k: int, task: str, i: int) -> dict:
+    """One evaluation episode of policy k: its line (what episodes.jsonl keeps)."""
+    import tempfile
+
+    from heisd.benchmarks.mujoco_log import mujoco_log
+    from heisd.benchmarks.registry import make_env, reset_options
+    from heisd.executors import worker_name
+    from heisd.runtime.recording import episode_seed
+
+    cfg, policy = worker.cfg, worker.policies[k]
+    layout_seed = episode_seed(EVAL_SEED_OFFSET + cfg.seed, task, i)
+    with ExitStack() as stack:
+        log_path = None if worker.logs is None else worker.logs[k]
+        if log_path is None:  # a Ray worker: the warnings travel back in the line
+            log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / MUJOCO_LOG
+        with mujoco_log(log_path, f"{task} episode {i}"):
+            env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps, cfg.protocol,
+                           cfg.center_crop)
+            try:
+                line = run_episode(env, policy, reset_options(cfg.benchmark, layout_seed, i), cfg.execute)
+            except InputError as err:
+                raise InputError(f"{worker.out}: {task} episode {i}: {err}") from err
+        line.update(task=task, episode=i, layout_seed=layout_seed)
+        skips = policy.skip_thresholds()
+        if skips:
+            line[run_thresholds.LINE_KEY] = run_thresholds.snapshot(skips)
+        if worker.logs is None:
+            line["worker"] = worker_name()
+            if log_path.exists():
+                line[WARNINGS_KEY] = log_path.read_text()
+    return line
+
+
 def evaluate(policy: VLAPolicy, method_label: str, cfg: EvalConfig, out: Path, progress: bool = True,
-             identity: dict | None = None, persist_thresholds: bool = False) -> dict:
+             identity: dict | None = None, persist_thresholds: bool = False, executor=None,
+             make_policy: Callable[[], VLAPolicy] | None = None) -> dict:
     """Run the pending episodes into `out` and summarize. `persist_thresholds`: once all episodes
-    are done, merge the online skip thresholds into the datastore manifest (else it is not written)."""
+    are done, merge the online skip thresholds into the datastore manifest (else it is not written).
+    `executor` (`heisd.executors`; default: this process): where episodes run; a remote one builds
+    each worker's policy with `make_policy` (a picklable function)."""
     from tqdm import tqdm
 
+    from heisd.executors import LocalExecutor
     from heisd.retrieval.online import check_persistable
 
+    executor = executor or LocalExecutor()
     if persist_thresholds:
         check_persistable(policy.skip_thresholds())
     with EvalRun(method_label, cfg, out, identity) as run:
         run.attach(policy)
-        bar = tqdm(run.pending(), desc=f"eval {method_label}", unit="ep", disable=not progress)
-        for task, i in bar:
-            run.run(policy, task, i)
-            bar.set_postfix(sr=f"{run.sr:.2f}")
+        here = EpisodeWorker([policy], cfg, str(run.out), [run.out / MUJOCO_LOG])
+        setup = None if make_policy is None else partial(
+            episode_worker, partial(_one, make_policy), cfg, str(run.out),
+            [run_thresholds.snapshot(policy.skip_thresholds())])
+        jobs = [(t, i, (0,)) for t, i in run.pending()]
+        bar = tqdm(total=len(jobs), desc=f"eval {method_label}", unit="ep", disable=not progress)
+        with bar:
+            for _, lines in executor.map(play, jobs, setup=setup, here=here):
+                run.record(lines[0][1])
+                bar.update(1)
+                bar.set_postfix(sr=f"{run.sr:.2f}")
         summary = run.summary()
         if persist_thresholds:
             run.persist_thresholds(policy)
     return summary
+
+
+def _one(make_policy: Callable[[], VLAPolicy]) -> list[VLAPolicy]:
+    return [make_policy()]
 
 
 def run_episode(env, policy: VLAPolicy, options: dict, execute: int = 0) -> dict:

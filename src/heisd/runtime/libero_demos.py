@@ -19,7 +19,6 @@ import json
 import time
 from contextlib import ExitStack
 from dataclasses import asdict
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,8 @@ import numpy as np
 from heisd import __version__
 from heisd.benchmarks.libero_protocol import rotate_180
 from heisd.data.libero_files import DEMO_SUFFIX
-from heisd.runtime.recording import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, episode_job
+from heisd.executors import LocalExecutor
+from heisd.runtime.recording import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, episode_work
 from heisd.storage import atomic_files, check_output
 from heisd.storage.hdf5 import HDF5Output
 
@@ -36,8 +36,8 @@ def task_file(task: str) -> str:
     return f"{task}{DEMO_SUFFIX}.hdf5"
 
 
-def generate_libero_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress: bool = True,
-                          overwrite: bool = False) -> dict:
+def generate_libero_demos(cfg: DemoConfig, out: Path, progress: bool = True, overwrite: bool = False,
+                          executor=None) -> dict:
     """Roll out `cfg.policy` and write `out/<task>_demo.hdf5` for every task of `cfg`.
     Existing files there need `overwrite`, and are replaced only if heisd wrote them."""
     from tqdm import tqdm
@@ -49,34 +49,27 @@ def generate_libero_demos(cfg: DemoConfig, out: Path, workers: int = 1, progress
     start = time.time()
     kept, dropped, steps = {}, {}, {}  # per task: episodes kept and dropped, steps kept
     jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
-    pool = get_context("spawn").Pool(workers) if workers > 1 else None
     files: dict[str, HDF5Output] = {}
-    try:
-        # the files close (raising a refused write: heisd.storage.hdf5) before they are renamed into
-        # place; the bar is closed before an error reaches the command line (its last line)
-        with (tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar,
-              atomic_files(out, names) as temps, ExitStack() as closing):
-            results = pool.imap(episode_job, jobs) if pool else map(episode_job, jobs)
-            for ep in results:  # in job order: one task's episodes after another
-                task = ep["task"]
-                if task not in files:
-                    files[task] = closing.enter_context(HDF5Output(temps[task_file(task)]))
-                    _file_attrs(files[task].file.create_group("data"), ep, cfg)
-                if ep["success"] or cfg.source in KEEP_FAILED:
-                    steps[task] = steps.get(task, 0) + _write_episode(files[task].file["data"], kept.get(task, 0), ep)
-                    kept[task] = kept.get(task, 0) + 1
-                else:
-                    dropped[task] = dropped.get(task, 0) + 1
-                files[task].check()  # a full disk stops the recording here
-                bar.update(1)
-            for task, h5 in files.items():
-                h5.file["data"].attrs["num_demos"] = kept.get(task, 0)
-                h5.file["data"].attrs["total"] = steps.get(task, 0)
-            if pool:
-                pool.close()
-    finally:
-        if pool:
-            pool.terminate()  # after close(): workers are done; on an error or interrupt: stop them
+    # the files close (raising a refused write: heisd.storage.hdf5) before they are renamed into
+    # place; the bar is closed before an error reaches the command line (its last line)
+    with (tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar,
+          atomic_files(out, names) as temps, ExitStack() as closing):
+        results = (executor or LocalExecutor()).map(episode_work, jobs, ordered=True)
+        for _, ep in results:  # in job order: one task's episodes after another
+            task = ep["task"]
+            if task not in files:
+                files[task] = closing.enter_context(HDF5Output(temps[task_file(task)]))
+                _file_attrs(files[task].file.create_group("data"), ep, cfg)
+            if ep["success"] or cfg.source in KEEP_FAILED:
+                steps[task] = steps.get(task, 0) + _write_episode(files[task].file["data"], kept.get(task, 0), ep)
+                kept[task] = kept.get(task, 0) + 1
+            else:
+                dropped[task] = dropped.get(task, 0) + 1
+            files[task].check()  # a full disk stops the recording here
+            bar.update(1)
+        for task, h5 in files.items():
+            h5.file["data"].attrs["num_demos"] = kept.get(task, 0)
+            h5.file["data"].attrs["total"] = steps.get(task, 0)
     wall = time.time() - start
     total = sum(steps.values())
     return {"kept": sum(kept.values()), "dropped": dropped, "steps": total, "seconds": wall,

@@ -167,9 +167,10 @@ def check_recordable(target, directory: str | Path, benchmark: str, flag: str) -
                          f"{action_dim(benchmark)}-D actions; rollouts are recorded for heisd's own targets)")
 
 
-def episode_job(args: tuple[str, int, DemoConfig]) -> dict:
-    """One (task, episode index, config) job of a recording pool (a top-level function: picklable)."""
-    task, i, cfg = args
+def episode_work(state: None, job: tuple[str, int, DemoConfig]) -> dict:
+    """One (task, episode index, config) job of an executor (`heisd.executors`): the worker's
+    state is its process's caches (`_target_policy`)."""
+    task, i, cfg = job
     return record_episode(task, i, cfg)
 
 

@@ -8,6 +8,7 @@ time so the kinematic metric sees real trajectories, tasks interleaved.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,47 +23,82 @@ REPLAY_FILE = "replay.json"
 REPLAY_RUN = OutputKind("replay", has_file(REPLAY_FILE), files=(REPLAY_FILE,))
 
 
-def replay_frames(paths: list[str | Path], frames: int, stride: int):
-    """Yield (episode, t, is_first) over interleaved episodes until `frames` frames."""
+def replay_plan(paths: list[str | Path], frames: int, stride: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The frames to decode, `frames` in all, one job per episode: (file, episode, frame indices),
+    episodes of the tasks interleaved."""
     from heisd.data.dataset import DemoFile
 
-    episodes = []
+    by_task: dict[str, list[tuple[str, str, int]]] = {}
     for path in paths:
         with DemoFile(path) as f:
-            episodes += list(f)
-    by_task: dict[str, list] = {}
-    for ep in episodes:
-        by_task.setdefault(ep.task, []).append(ep)
+            for ep in f:
+                by_task.setdefault(ep.task, []).append((str(path), ep.name, len(ep)))
     order = [eps[i] for i in range(max(map(len, by_task.values()), default=0))
              for eps in by_task.values() if i < len(eps)]
-    n = 0
-    for ep in order:
-        for t in range(0, len(ep), stride):
-            if n >= frames:
-                return
+    plan, n = [], 0
+    for path, name, length in order:
+        ts = tuple(range(0, length, stride))[: frames - n]
+        if not ts:
+            break
+        plan.append((path, name, ts))
+        n += len(ts)
+    return plan
+
+
+def replay_frames(paths: list[str | Path], frames: int, stride: int):
+    """Yield (episode, t, is_first) in `replay_plan`'s order: the frames replay decodes, as it walks them."""
+    from heisd.data.dataset import DemoFile
+
+    for path, name, ts in replay_plan(paths, frames, stride):
+        with DemoFile(path) as f:
+            ep = f.episode(name)
+        for t in ts:
             yield ep, t, t == 0
-            n += 1
 
 
-def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: list[str | Path],
-           frames: int, progress: bool = True) -> dict:
-    from tqdm import tqdm
+def replay_episode(policies: tuple[VLAPolicy, VLAPolicy], job: tuple[str, str, tuple[int, ...]]) -> list[tuple]:
+    """Decode one episode's frames with the method and with AR (`policies`); per frame: (the
+    method's step record, AR's latency, the method's tokens, AR's)."""
+    from heisd.data.dataset import DemoFile
 
-    tokenizer = policy.target.action_tokenizer
+    policy, reference = policies
+    path, name, ts = job
+    with DemoFile(path) as f:
+        ep = f.episode(name)
+    policy.reset(ep.instruction, ep.task)
+    reference.reset(ep.instruction, ep.task)
     stride = policy.target.spec.chunk
-    rows, ar_latencies = [], []
-    for ep, t, first in tqdm(replay_frames(paths, frames, stride), total=frames, desc=f"replay {method_label}",
-                             unit="frame", disable=not progress):
-        if first:
-            policy.reset(ep.instruction, ep.task)
-            reference.reset(ep.instruction, ep.task)
+    rows = []
+    for t in ts:
         moved = ep.ee_pos[max(t - stride + 1, 0) : t + 1]  # every env step since the last frame
         _, rec = policy.act(ep.images[t], ep.state[t], moved)
         _, ref = reference.act(ep.images[t], ep.state[t], moved)
-        ar_latencies.append(ref.latency_ms)
-        ours, greedy = np.asarray(rec.tokens), np.asarray(ref.tokens)
-        bins = np.abs(tokenizer.vocab.bin(ours.astype(int)) - tokenizer.vocab.bin(greedy.astype(int)))
-        rows.append((rec, (ours != greedy).mean(), bins.mean(), bins.max(), ep.task, bins))
+        rows.append((rec, ref.latency_ms, ep.task, np.asarray(rec.tokens), np.asarray(ref.tokens)))
+    return rows
+
+
+def replay(policy: VLAPolicy, reference: VLAPolicy, method_label: str, paths: list[str | Path],
+           frames: int, progress: bool = True, executor=None,
+           make_policies: Callable[[], tuple[VLAPolicy, VLAPolicy]] | None = None) -> dict:
+    """Decode the frames with `policy` and with AR (`reference`) side by side. `executor`
+    (`heisd.executors`; default: this process): where the episodes are decoded, a remote one with
+    the policies `make_policies` builds (a picklable function). Episodes come back in order."""
+    from tqdm import tqdm
+
+    from heisd.executors import LocalExecutor
+
+    tokenizer = policy.target.action_tokenizer
+    plan = replay_plan(paths, frames, policy.target.spec.chunk)
+    rows, ar_latencies = [], []
+    with tqdm(total=sum(len(ts) for *_, ts in plan), desc=f"replay {method_label}", unit="frame",
+              disable=not progress) as bar:
+        for _, decoded in (executor or LocalExecutor()).map(replay_episode, plan, setup=make_policies,
+                                                            here=(policy, reference), ordered=True):
+            for rec, ar_ms, task, ours, greedy in decoded:
+                ar_latencies.append(ar_ms)
+                bins = np.abs(tokenizer.vocab.bin(ours.astype(int)) - tokenizer.vocab.bin(greedy.astype(int)))
+                rows.append((rec, (ours != greedy).mean(), bins.mean(), bins.max(), task, bins))
+            bar.update(len(decoded))
     if not rows:
         raise InputError(f"no frames to replay in {[str(p) for p in paths]}")
     ar = latency_stats(ar_latencies)
