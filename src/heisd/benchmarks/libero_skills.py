@@ -28,6 +28,7 @@ class ExpertConfig:
     carry_clear: float = 0.04  # ... and at least this far above the release height, m
     grasp_depth: float = 0.5  # grasp point height as a fraction of the object's height above its bottom
     finger_reach: float = 0.03  # deepest grasp below the object's top: the palm sits ~4.5 cm above the tips, m
+    rim_width: float = 0.085  # narrowest footprint grasped by its wall, m (the Panda opens 8 cm; cans are 7)
     rim_inset: float = 0.012  # a bowl's wall centre inside its outer edge, m
     floor_clearance: float = 0.012  # lowest end-effector height above the floor: the finger tips stay off it, m
     tolerance: float = 0.01  # position error that ends a move phase, m
@@ -118,7 +119,7 @@ def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray
 
 def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
     """Too wide for the open fingers either way (a bowl): the fingers take its wall instead."""
-    return bool(2 * object_half.min() > c.opening)
+    return bool(2 * object_half.min() > c.rim_width)
 
 
 def rim_points(s: Scene, c: ExpertConfig) -> list[np.ndarray]:
