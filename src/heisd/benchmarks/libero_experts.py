@@ -14,7 +14,7 @@ import numpy as np
 from heisd.benchmarks.libero_plan import Step, plan
 from heisd.benchmarks.libero_protocol import SUITES
 from heisd.benchmarks.libero_skills import (
-    ExpertConfig, KnobScene, PickPlace, Push, PushScene, Scene, TurnKnob, is_rim_grasp,
+    Drawer, DrawerScene, ExpertConfig, KnobScene, PickPlace, Push, PushScene, Scene, TurnKnob, is_rim_grasp,
 )
 from heisd.errors import UsageError
 
@@ -41,6 +41,10 @@ class SimReader:
             self.geoms[name] = np.flatnonzero(sim.model.geom_bodyid == sim.model.body_name2id(obj.root_body))
         self._fingers = [sim.model.body_name2id(f"gripper0_{side}finger") for side in ("left", "right")]
         self.floor = min(self.box(name)[0][2] for name in self.geoms)  # every scene has objects on its table
+        fixtures = {sim.model.body_name2id(f.root_body) for f in robosuite_env.fixtures_dict.values()}
+        root = sim.model.body_rootid
+        self._fixture_geoms = np.flatnonzero(np.isin(root[sim.model.geom_bodyid], list(fixtures))
+                                             & (sim.model.geom_contype > 0))
 
     def box(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """World-frame bounding box of an object's geoms (their local boxes rotated by the geom frames)."""
@@ -64,12 +68,20 @@ class SimReader:
         return float(np.arctan2(-d[0], d[1]))
 
     def obstacles(self, *skip: str) -> np.ndarray:
-        """Every object but `skip`: x, y, footprint radius, top."""
+        """Every object but `skip` (x, y, footprint radius, top), and the corners and centre of every
+        colliding part of the fixtures (radius 0: a drawer's thin wall is no disc)."""
         rows = []
         for name in self.geoms:
             if name not in skip:
                 lo, hi = self.box(name)
                 rows.append([*(lo[:2] + hi[:2]) / 2, np.linalg.norm(hi[:2] - lo[:2]) / 2, hi[2]])
+        sim, g = self.env.sim, self._fixture_geoms
+        rot = sim.data.geom_xmat[g].reshape(-1, 3, 3)
+        centre = sim.data.geom_xpos[g] + np.einsum("nij,nj->ni", rot, sim.model.geom_aabb[g, :3])
+        half = np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[g, 3:])
+        for dx, dy in ((0, 0), (1, 1), (1, -1), (-1, 1), (-1, -1)):
+            pts = centre[:, :2] + half[:, :2] * (dx, dy)
+            rows.extend(np.column_stack([pts, np.zeros(len(g)), centre[:, 2] + half[:, 2]]).tolist())
         return np.array(rows).reshape(-1, 4)
 
     def holds(self, predicate: str, *args: str) -> bool:
@@ -104,10 +116,11 @@ class SimReader:
         return is_rim_grasp((hi[:2] - lo[:2]) / 2, c) and hi[2] - lo[2] < c.finger_reach
 
     def closed(self, name: str) -> bool:
-        """A place behind a drawer or door that is shut now."""
+        """A place behind a drawer or door that is not open now (LIBERO's "closed" needs a drawer pushed
+        past its rest position, so a drawer at rest is neither)."""
         states = self.env.object_states_dict
         return self.is_site(name) and bool(getattr(self.env.object_sites_dict[name], "joints", None)) \
-            and states[name].is_close()
+            and not states[name].is_open()
 
 
 def place_point(r: SimReader, obj: str, place: str, relation: str) -> np.ndarray:
@@ -149,10 +162,33 @@ def push_scene(r: SimReader, step: Step, eef: np.ndarray) -> PushScene:
                      floor=r.floor)
 
 
+def drawer_scene(r: SimReader, step: Step, eef: np.ndarray) -> DrawerScene:
+    """The drawer behind a region site: its slide joint, the handle (the colliding geom of the drawer
+    reaching farthest out along the pull) and the travel left to LIBERO's open or closed range."""
+    sim, model = r.env.sim, r.env.sim.model
+    site = r.env.object_sites_dict[step.target]
+    j = model.joint_name2id(site.joints[0])
+    ranges = r.env.get_object(site.parent_name).object_properties["articulation"]
+    opened, shut = ranges["default_open_ranges"], ranges["default_close_ranges"]
+    sign = np.sign(np.mean(opened) - np.mean(shut))  # qpos moves this way as the drawer opens
+    pull = sign * sim.data.xaxis[j].copy()
+    pull[2] = 0.0
+    pull /= np.linalg.norm(pull)
+    geoms = np.flatnonzero((model.geom_bodyid == model.jnt_bodyid[j]) & (model.geom_contype > 0))
+    handle = sim.data.geom_xpos[geoms[np.argmax(sim.data.geom_xpos[geoms] @ pull)]].copy()
+    q = float(sim.data.qpos[model.jnt_qposadr[j]])
+    # to the middle of LIBERO's open or closed range
+    travel = sign * (np.mean(opened) - q) if step.skill == "open" else -sign * (np.mean(shut) - q)
+    return DrawerScene(eef=eef, rot=sim.data.get_site_xmat("gripper0_grip_site").copy(), handle=handle, pull=pull,
+                       travel=float(travel))
+
+
 SKILLS = {  # plan step -> (skill, the scene it reads)
     "pick_place": (PickPlace, pick_place_scene),
     "turn_on": (TurnKnob, knob_scene),
     "push": (Push, push_scene),
+    "open": (Drawer, drawer_scene),
+    "close": (lambda c: Drawer(c, opening=False), drawer_scene),
 }
 
 

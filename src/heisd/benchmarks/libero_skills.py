@@ -83,22 +83,27 @@ class Scene:
     place: np.ndarray  # (3,) where the object's bounding-box centre goes (xy) and its bottom's release height (z)
     yaw: float = 0.0  # finger axis angle about +z from the world y axis, rad
     object_half: np.ndarray = field(default_factory=lambda: np.zeros(2))  # object's xy half extents, m
-    obstacles: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # other objects: x, y, radius, top
+    # other objects (x, y, footprint radius, top) and points on the fixtures' parts (radius 0)
+    obstacles: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
     floor: float = 0.0  # height of the surface the scene stands on (table or floor), m
 
 
 def hand_clearance(yaw: float, grasp: np.ndarray, obstacles: np.ndarray, c: ExpertConfig) -> float:
     """Smallest horizontal gap between the hand's footprint at the grasp (a rectangle along the finger
-    axis) and the objects tall enough to reach the hand's body there; inf if none is."""
+    axis) and the objects tall enough to reach the hand's body there (negative: overlapping); inf if
+    none is."""
     tall = obstacles[obstacles[:, 3] > grasp[2] + c.hand_bottom]
     if not len(tall):
         return float("inf")
     axis = np.array([-np.sin(yaw), np.cos(yaw)])  # finger axis
     across = np.array([axis[1], -axis[0]])
     rel = tall[:, :2] - grasp[:2]
-    along_d = np.maximum(np.abs(rel @ axis) - c.hand_half_length, 0.0)
-    across_d = np.maximum(np.abs(rel @ across) - c.hand_half_width, 0.0)
-    return float((np.hypot(along_d, across_d) - tall[:, 2]).min())
+    along_d = np.abs(rel @ axis) - c.hand_half_length
+    across_d = np.abs(rel @ across) - c.hand_half_width
+    # signed distance to the rectangle: negative inside, by how deep (the least-bad grasp overlaps least)
+    outside = np.hypot(np.maximum(along_d, 0.0), np.maximum(across_d, 0.0))
+    inside = np.minimum(np.maximum(along_d, across_d), 0.0)
+    return float((outside + inside - tall[:, 2]).min())
 
 
 def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray, c: ExpertConfig) -> float:
@@ -122,12 +127,26 @@ def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
     return bool(2 * object_half.min() > c.rim_width)
 
 
-def rim_points(s: Scene, c: ExpertConfig) -> list[np.ndarray]:
-    """Grasp points on a bowl's wall where the fingers, closing along y at yaw 0, straddle it: the
-    wall's far and near side in y, `finger_reach` below the rim."""
+def rim_points(s: Scene, c: ExpertConfig) -> list[tuple[np.ndarray, float]]:
+    """(grasp point, yaw) on a bowl's wall where the fingers straddle it, closing along the radius,
+    `finger_reach` below the rim: its sides in y first (yaw 0), then the diagonals, then x."""
     z = max(s.object_top - c.finger_reach, s.floor + c.floor_clearance)
-    r = s.object_half[1] - c.rim_inset
-    return [np.array([s.object_center[0], s.object_center[1] + side * r, z]) for side in (1.0, -1.0)]
+    (x, y), (hx, hy) = s.object_center[:2], s.object_half - c.rim_inset
+    out = []
+    for phi in np.radians([90, -90, 45, 135, -45, -135, 0, 180]):
+        yaw = _angle(phi - np.pi / 2)
+        yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 + 1e-9 else yaw  # the hand is symmetric
+        out.append((np.array([x + hx * np.cos(phi), y + hy * np.sin(phi), z]), float(yaw)))
+    return out
+
+
+def choose_rim(s: Scene, c: ExpertConfig) -> tuple[np.ndarray, float]:
+    """The first wall grasp whose hand clears everything by `clearance` (the hand is 21 cm long: an
+    open drawer beside the bowl blocks the sides in y); if none does, the one with the most clearance."""
+    options = rim_points(s, c)
+    gaps = [hand_clearance(yaw, g, s.obstacles, c) for g, yaw in options]
+    clear = [i for i, gap in enumerate(gaps) if gap >= c.clearance]
+    return options[clear[0] if clear else int(np.argmax(gaps))]
 
 
 @dataclass
@@ -143,12 +162,15 @@ class PickPlace:
     _yaw: float | None = None  # grasp yaw, chosen on the approach
 
     def grasp_point(self, s: Scene) -> np.ndarray:
+        return self._grasp_and_yaw(s)[0]
+
+    def _grasp_and_yaw(self, s: Scene) -> tuple[np.ndarray, float]:
         c = self.config
         if is_rim_grasp(s.object_half, c):
-            # the wall side whose hand footprint clears the neighbours most
-            return max(rim_points(s, c), key=lambda g: hand_clearance(0.0, g, s.obstacles, c))
+            return choose_rim(s, c)
         z = max(s.object_bottom + c.grasp_depth * (s.object_top - s.object_bottom), s.object_top - c.finger_reach)
-        return np.array([s.object_center[0], s.object_center[1], max(z, s.floor + c.floor_clearance)])
+        grasp = np.array([s.object_center[0], s.object_center[1], max(z, s.floor + c.floor_clearance)])
+        return grasp, choose_yaw(grasp, s.object_half, s.obstacles, c)
 
     def _held(self, s: Scene) -> bool:
         """The object moves with the hand: its centre stays where it was relative to the end effector."""
@@ -157,9 +179,7 @@ class PickPlace:
     def act(self, s: Scene) -> np.ndarray:
         c = self.config
         if self._grasp is None:
-            self._grasp = self.grasp_point(s)
-            self._yaw = 0.0 if is_rim_grasp(s.object_half, c) else choose_yaw(self._grasp, s.object_half,
-                                                                             s.obstacles, c)
+            self._grasp, self._yaw = self._grasp_and_yaw(s)
         self._advance(s)
         gripper = 1.0 if self.phase in (Phase.CLOSE, Phase.LIFT, Phase.CARRY, Phase.LOWER) else -1.0
         return _move(c, self._target(s), s.eef, self._yaw_error(s), gripper)
@@ -189,7 +209,7 @@ class PickPlace:
             if self._count >= c.close_steps:
                 self.phase, self._offset = Phase.LIFT, s.object_center - s.eef
         elif self.phase in (Phase.LIFT, Phase.CARRY, Phase.LOWER) and not self._held(s):
-            self.phase, self._grasp = Phase.ABOVE, self.grasp_point(s)  # dropped or missed: approach again
+            self.phase, (self._grasp, self._yaw) = Phase.ABOVE, self._grasp_and_yaw(s)  # dropped or missed
         elif self.phase is Phase.LIFT and s.eef[2] > self._carry_z(s) - 2 * c.tolerance:
             self.phase = Phase.CARRY
         elif self.phase is Phase.CARRY and np.linalg.norm((self._target(s) - s.eef)[:2]) < c.tolerance:
@@ -384,3 +404,120 @@ class Push:
             d = s.place - s.object_center[:2]
             return np.array([*(s.eef[:2] + self.lead * d / max(np.linalg.norm(d), 1e-9)), low])
         return np.array([s.eef[0], s.eef[1], s.object_top + c.hover])
+
+
+# --- drawers --------------------------------------------------------------------------------------
+
+def rotation(axis: np.ndarray, angle: float) -> np.ndarray:
+    """Rotation matrix about a unit axis (Rodrigues)."""
+    k = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    return np.eye(3) + np.sin(angle) * k + (1 - np.cos(angle)) * k @ k
+
+
+def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
+    """The world-frame rotation vector taking `current` to `target` (what OSC_POSE's rotation deltas are)."""
+    r = target @ current.T
+    angle = np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0))
+    if angle < 1e-6:
+        return np.zeros(3)
+    axis = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]) / (2 * np.sin(angle))
+    return axis * angle
+
+
+@dataclass(frozen=True)
+class DrawerScene:
+    """What `Drawer` reads: the hand's pose, the drawer's handle and how far the drawer still has to go."""
+
+    eef: np.ndarray  # (3,)
+    rot: np.ndarray  # (3, 3) the hand's orientation (grip site frame: x the finger axis, z along the fingers)
+    handle: np.ndarray  # (3,) centre of the handle bar
+    pull: np.ndarray  # (3,) horizontal unit vector the drawer opens along
+    travel: float  # how far the drawer still has to move for this skill (open or close), m
+
+
+class DrawerPhase(enum.Enum):
+    FACE = "face"  # in front of the handle, fingers turned to point at it (open) or down (close)
+    REACH = "reach"  # onto the handle: the bar between the fingers (open), the fingers against it (close)
+    GRIP = "grip"  # close the fingers on the bar
+    MOVE = "move"  # pull (open) or push (close) until the drawer is there
+    RELEASE = "release"
+    BACK = "back"  # away from the drawer, the hand turned down again
+
+
+@dataclass
+class Drawer:
+    """Open a drawer by its handle (the hand turned 90 degrees to point into the cabinet, the bar
+    between its fingers: pointing down, the 21 cm hand would hit the cabinet above), or close one
+    by pushing its handle with the closed fingers pointing down."""
+
+    config: ExpertConfig = ExpertConfig()
+    opening: bool = True
+    standoff: float = 0.10  # distance in front of the handle before reaching for it, m
+    lead: float = 0.04  # how far ahead of the hand it aims while pulling or pushing, m
+    rot_gain: float = 1.5  # rotation action per radian of orientation error
+    rot_tolerance: float = 0.08  # orientation error that ends a turning phase, rad
+    reach_steps: int = 40  # longest reach onto the handle (the fingers may touch the drawer first)
+    phase: DrawerPhase = DrawerPhase.FACE
+    done: bool = False
+    _count: int = 0
+    _home: np.ndarray | None = field(default=None, repr=False)  # the hand pointing down, as it started
+    _work: np.ndarray | None = field(default=None, repr=False)  # the orientation that works the handle
+
+    def act(self, s: DrawerScene) -> np.ndarray:
+        c = self.config
+        if self._home is None:
+            self._home = s.rot.copy()
+            finger = s.rot[:, 0]  # turn about z until the finger axis lies along the pull
+            yaw = np.arctan2(finger[0] * s.pull[1] - finger[1] * s.pull[0], finger @ s.pull)
+            yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 else yaw
+            aligned = rotation(np.array([0.0, 0.0, 1.0]), yaw) @ s.rot
+            if self.opening:  # pitch the fingers from down to into the cabinet: the closing axis turns vertical
+                axis = np.cross([0.0, 0.0, 1.0], s.pull)
+                self._work = rotation(axis / np.linalg.norm(axis), np.pi / 2) @ aligned
+            else:  # down, the hand's long side across the push
+                self._work = rotation(np.array([0.0, 0.0, 1.0]), np.pi / 2) @ aligned
+        self._advance(s)
+        target_rot = self._home if self.phase is DrawerPhase.BACK else self._work
+        gripper = 1.0 if self.phase in (DrawerPhase.GRIP, DrawerPhase.MOVE) or not self.opening else -1.0
+        action = _move(c, self._target(s), s.eef, 0.0, gripper)
+        action[3:6] = np.clip(self.rot_gain * rotation_error(target_rot, s.rot), -1.0, 1.0)
+        return action
+
+    def _rot_ok(self, s: DrawerScene, target: np.ndarray) -> bool:
+        return bool(np.linalg.norm(rotation_error(target, s.rot)) < self.rot_tolerance)
+
+    def _advance(self, s: DrawerScene) -> None:
+        c = self.config
+        reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
+        if self.phase is DrawerPhase.FACE and reached() and self._rot_ok(s, self._work):
+            self.phase, self._count = DrawerPhase.REACH, 0
+        elif self.phase is DrawerPhase.REACH:
+            self._count += 1
+            if reached() or self._count >= self.reach_steps:
+                self.phase, self._count = (DrawerPhase.GRIP, 0) if self.opening else (DrawerPhase.MOVE, 0)
+        elif self.phase is DrawerPhase.GRIP:
+            self._count += 1
+            if self._count >= c.close_steps:
+                self.phase = DrawerPhase.MOVE
+        elif self.phase is DrawerPhase.MOVE and s.travel <= 0:
+            self.phase, self._count = DrawerPhase.RELEASE, 0
+        elif self.phase is DrawerPhase.RELEASE:
+            self._count += 1
+            if self._count >= c.open_steps:
+                self.phase, self._count = DrawerPhase.BACK, 0
+        elif self.phase is DrawerPhase.BACK:
+            self._count += 1
+            self.done = self._count >= c.retreat_steps and self._rot_ok(s, self._home)
+
+    def _target(self, s: DrawerScene) -> np.ndarray:
+        front = s.handle + s.pull * self.standoff
+        if self.phase is DrawerPhase.FACE:
+            return front
+        if self.phase in (DrawerPhase.REACH, DrawerPhase.GRIP):
+            # opening: the bar between the finger pads; closing: the finger tips against the bar's front
+            return s.handle.copy() if self.opening else s.handle + s.pull * 0.02
+        if self.phase is DrawerPhase.MOVE:
+            return s.eef + s.pull * (self.lead if self.opening else -self.lead)
+        if self.phase is DrawerPhase.RELEASE:
+            return s.eef.copy()
+        return np.array([front[0], front[1], s.handle[2] + 0.1])  # BACK: out and up
