@@ -1,5 +1,5 @@
-"""LIBERO experts without a simulator: BDDL goals -> skill plans, and the rim grasp, knob and push
-skills on synthetic scenes."""
+"""LIBERO experts without a simulator: BDDL goals -> skill plans, and the wall grasp, knob, push and
+drawer skills on synthetic scenes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,21 @@ import pytest
 
 from heisd.benchmarks.libero_plan import Step, plan
 from heisd.benchmarks.libero_skills import (
-    ExpertConfig, KnobPhase, KnobScene, PickPlace, Push, PushPhase, PushScene, Scene, TurnKnob, is_rim_grasp,
+    Drawer,
+    DrawerPhase,
+    DrawerScene,
+    ExpertConfig,
+    KnobPhase,
+    KnobScene,
+    PickPlace,
+    Push,
+    PushPhase,
+    PushScene,
+    Scene,
+    TurnKnob,
+    is_rim_grasp,
+    rotation,
+    rotation_error,
 )
 from heisd.errors import UsageError
 
@@ -89,3 +103,31 @@ def test_push_starts_inside_the_far_rim_and_slides_toward_the_place():
     assert skill.phase is PushPhase.PUSH and a[1] > 0  # toward the place
     skill.act(PushScene(**{**down.__dict__, "object_center": np.array([0.05, 0.199, 0.91])}))
     assert skill.phase is PushPhase.RETREAT
+
+
+def test_rotation_error_is_the_world_rotation_vector():
+    start = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # the Panda's start: fingers down
+    axis = np.array([0.6, 0.0, 0.8])
+    assert np.allclose(rotation_error(rotation(axis, 0.7) @ start, start), 0.7 * axis)
+    assert np.allclose(rotation_error(start, start), 0.0)
+
+
+def test_drawer_points_the_fingers_into_the_cabinet_then_pulls():
+    start = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # grip site: x finger axis, z along fingers
+    pull, handle = np.array([0.0, 1.0, 0.0]), np.array([0.04, -0.13, 1.015])  # LIBERO-Goal's middle drawer
+    skill = Drawer()
+    s = DrawerScene(eef=np.array([-0.2, 0.0, 1.17]), rot=start, handle=handle, pull=pull, travel=0.15)
+    a = skill.act(s)
+    assert np.allclose(skill._work[:, 2], -pull, atol=1e-9)  # the fingers point into the cabinet
+    assert np.allclose(np.abs(skill._work[:, 0]), [0, 0, 1], atol=1e-9)  # they close vertically, on the bar
+    assert np.allclose(skill._target(s), handle + pull * skill.standoff) and np.abs(a[3:6]).max() > 0
+    at = DrawerScene(eef=handle, rot=skill._work, handle=handle, pull=pull, travel=0.15)
+    skill.phase = DrawerPhase.REACH
+    skill.act(at)
+    assert skill.phase is DrawerPhase.GRIP
+    for _ in range(CFG.close_steps):
+        skill.act(at)
+    a = skill.act(at)
+    assert skill.phase is DrawerPhase.MOVE and a[1] > 0 and a[-1] == 1.0  # pulling, fingers closed
+    skill.act(DrawerScene(**{**at.__dict__, "travel": -0.001}))
+    assert skill.phase is DrawerPhase.RELEASE

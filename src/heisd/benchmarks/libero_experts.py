@@ -14,7 +14,16 @@ import numpy as np
 from heisd.benchmarks.libero_plan import Step, plan
 from heisd.benchmarks.libero_protocol import SUITES
 from heisd.benchmarks.libero_skills import (
-    Drawer, DrawerScene, ExpertConfig, KnobScene, PickPlace, Push, PushScene, Scene, TurnKnob, is_rim_grasp,
+    Drawer,
+    DrawerScene,
+    ExpertConfig,
+    KnobScene,
+    PickPlace,
+    Push,
+    PushScene,
+    Scene,
+    TurnKnob,
+    is_rim_grasp,
 )
 from heisd.errors import UsageError
 
@@ -200,13 +209,13 @@ def _done_already(r: SimReader, step: Step) -> bool:
 class TaskExpert:
     """One episode's expert for one task: its plan's steps, one skill at a time."""
 
-    def __init__(self, robosuite_env, config: ExpertConfig = ExpertConfig()):
-        self.reader, self.config = SimReader(robosuite_env), config
+    def __init__(self, robosuite_env, config: ExpertConfig | None = None):
+        self.reader, self.config = SimReader(robosuite_env), config or ExpertConfig()
         r = self.reader
         goal = robosuite_env.parsed_problem["goal_state"]
         names = {a for predicate in goal for a in predicate[1:]}
         self.steps = plan(goal, closed=frozenset(n for n in names if r.closed(n)),
-                          pushable=frozenset(n for n in names if n in r.geoms and r.pushable(n, config)))
+                          pushable=frozenset(n for n in names if n in r.geoms and r.pushable(n, self.config)))
         self._i, self._skill = -1, None
         self._next()
 
