@@ -131,3 +131,11 @@ def test_drawer_points_the_fingers_into_the_cabinet_then_pulls():
     assert skill.phase is DrawerPhase.MOVE and a[1] > 0 and a[-1] == 1.0  # pulling, fingers closed
     skill.act(DrawerScene(**{**at.__dict__, "travel": -0.001}))
     assert skill.phase is DrawerPhase.RELEASE
+
+
+def test_objects_on_one_region_go_side_by_side():
+    cook = "flat_stove_1_cook_region"
+    steps = plan([["on", "moka_pot_1", cook], ["on", "moka_pot_2", cook], ["turnon", "flat_stove_1"]])
+    assert [(s.skill, s.slot, s.slots) for s in steps] == [("pick_place", 0, 2), ("pick_place", 1, 2), ("turn_on", 0, 1)]
+    basket = "basket_1_contain_region"  # `in` a container: dropped in, no slots
+    assert {s.slots for s in plan([["in", "a", basket], ["in", "b", basket]])} == {1}

@@ -29,6 +29,7 @@ from heisd.errors import UsageError
 
 EXPERT_SUITES = SUITES  # suites with scripted experts: all four
 KNOB_MARGIN = 0.3  # turn a knob this far past LIBERO's "on" threshold, rad
+SLOT_SPACING = 1.2  # side-by-side objects on one region: their centres this many half-sizes apart
 ON_ABOVE = 0.01  # release height of an object's bottom above what it goes on, m
 IN_ABOVE = 0.05  # ... above the centre of the region it goes in, m
 
@@ -132,14 +133,17 @@ class SimReader:
             and not states[name].is_open()
 
 
-def place_point(r: SimReader, obj: str, place: str, relation: str) -> np.ndarray:
+def place_point(r: SimReader, obj: str, place: str, relation: str, slot: int = 0, slots: int = 1) -> np.ndarray:
     """Where `obj`'s bounding-box centre goes (xy) and its bottom's release height (z): its body (the
-    point LIBERO's predicates test) over the place's centre."""
+    point LIBERO's predicates test) over the place's centre, or over its slot along the region's y
+    when several objects share it."""
     lo, hi = r.box(obj)
     shift = (lo[:2] + hi[:2]) / 2 - r.body(obj)[:2]
     if r.is_site(place):
         centre = r.site(place)
         size = np.asarray(r.env.object_sites_dict[place].size, dtype=np.float64)
+        y_axis = r.env.sim.data.get_site_xmat(place)[:, 1]
+        centre = centre + y_axis * (slot - (slots - 1) / 2) * SLOT_SPACING * size[1]
         z = centre[2] + IN_ABOVE if relation == "in" else centre[2] + size[2] + ON_ABOVE
     else:
         centre = r.body(place)
@@ -150,7 +154,7 @@ def place_point(r: SimReader, obj: str, place: str, relation: str) -> np.ndarray
 def pick_place_scene(r: SimReader, step: Step, eef: np.ndarray) -> Scene:
     lo, hi = r.box(step.target)
     return Scene(eef=eef, object_center=(lo + hi) / 2, object_bottom=float(lo[2]), object_top=float(hi[2]),
-                 place=place_point(r, step.target, step.place, step.relation), yaw=r.yaw(),
+                 place=place_point(r, step.target, step.place, step.relation, step.slot, step.slots), yaw=r.yaw(),
                  object_half=(hi[:2] - lo[:2]) / 2, obstacles=r.obstacles(step.target, step.place),
                  floor=r.floor)
 

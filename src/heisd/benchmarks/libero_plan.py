@@ -5,13 +5,13 @@ The goal is LIBERO's parsed conjunction, e.g. ``[["in", "akita_black_bowl_1",
 "wooden_cabinet_1_top_region"]]`` or ``[["turnon", "flat_stove_1"], ["on", "moka_pot_1",
 "flat_stove_1_cook_region"]]``. Each ``On``/``In`` becomes a pick-and-place (a push for objects too
 wide and flat to grasp, like a plate), preceded by opening the drawer or door the place is behind
-when it is closed; ``Open`` and ``TurnOn`` become their skills in the goal's order; ``Close`` goals
-come last, after everything that had to go inside.
+when it is not open; ``Open`` and ``TurnOn`` become their skills in the goal's order; ``Close`` goals
+come last, after everything that had to go inside. Objects put on one region go side by side.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from heisd.errors import UsageError
 
@@ -25,6 +25,8 @@ class Step:
     target: str  # the object moved, or the articulated region/fixture worked
     place: str | None = None  # pick_place/push: the object or region it ends on or in
     relation: str | None = None  # pick_place/push: "on" or "in"
+    slot: int = 0  # several objects on one region: this one's place among them (side by side, not stacked)
+    slots: int = 1
 
 
 def plan(goal: list[list[str]], closed: frozenset[str] = frozenset(),
@@ -52,4 +54,19 @@ def plan(goal: list[list[str]], closed: frozenset[str] = frozenset(),
             last.append(Step("close", args[0]))
         else:
             raise UsageError(f"no scripted skill reaches the goal predicate {predicate}")
+    steps = _share_regions(steps)
     return steps + last
+
+
+def _share_regions(steps: list[Step]) -> list[Step]:
+    """Objects put `on` the same region (both moka pots on the stove) get side-by-side slots."""
+    sharing: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        if step.relation == "on":
+            sharing.setdefault(step.place, []).append(i)
+    out = list(steps)
+    for group in sharing.values():
+        if len(group) > 1:
+            for slot, i in enumerate(group):
+                out[i] = replace(steps[i], slot=slot, slots=len(group))
+    return out
