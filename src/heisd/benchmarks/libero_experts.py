@@ -117,6 +117,12 @@ class SimReader:
         top = int(np.argmax(centre[:, 2] + half[:, 2]))
         return centre[top] - half[top], centre[top] + half[top]
 
+    def is_drawer(self, name: str) -> bool:
+        """A region inside a drawer: a site moved by a slide joint."""
+        joints = getattr(self.env.object_sites_dict.get(name), "joints", None)
+        model = self.env.sim.model
+        return bool(joints) and model.jnt_type[model.joint_name2id(joints[0])] == 2  # mjJNT_SLIDE
+
     def is_site(self, name: str) -> bool:
         return name in self.env.object_sites_dict
 
@@ -230,9 +236,11 @@ class TaskExpert:
         self._skill = self._make(self.steps[self._i]) if self._i < len(self.steps) else None
 
     def _make(self, step: Step):
-        # a step no skill does yet (opening or closing a drawer or door) ends the expert there: it
-        # holds still and the episode fails, counted as failed like any other
-        return SKILLS[step.skill][0](self.config) if step.skill in SKILLS else None
+        # a step no skill does yet (a hinged door: the microwave's) ends the expert there: it holds
+        # still and the episode fails, counted as failed like any other
+        if step.skill in ("open", "close") and not self.reader.is_drawer(step.target):
+            return None
+        return SKILLS[step.skill][0](self.config)
 
     def _scene(self, step: Step, eef: np.ndarray):
         return SKILLS[step.skill][1](self.reader, step, eef)
