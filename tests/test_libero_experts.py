@@ -1,4 +1,4 @@
-"""LIBERO-Object scripted experts: the phase machine and grasp yaw on synthetic poses, DART noise,
+"""LIBERO-Object scripted experts (the pick-and-place skill): the phase machine and grasp yaw on synthetic poses, DART noise,
 fresh demo layouts disjoint from the evaluation's init states, and one recorded episode read back."""
 
 from __future__ import annotations
@@ -7,15 +7,8 @@ import numpy as np
 import pytest
 from conftest import LIBERO_TASK
 
-from heisd.benchmarks.libero_experts import (
-    ExpertConfig,
-    Phase,
-    PickPlaceExpert,
-    Scene,
-    check_expert_suite,
-    choose_yaw,
-    hand_clearance,
-)
+from heisd.benchmarks.libero_experts import check_expert_suite
+from heisd.benchmarks.libero_skills import ExpertConfig, Phase, PickPlace, Scene, choose_yaw, hand_clearance
 from heisd.errors import UsageError
 from heisd.runtime.recording import dart_action
 
@@ -56,7 +49,7 @@ class ToyWorld:
 
 
 def test_expert_picks_and_places_in_a_toy_world():
-    world, expert = ToyWorld(), PickPlaceExpert()
+    world, expert = ToyWorld(), PickPlace()
     phases = []
     for _ in range(300):
         a = expert.act(world.scene())
@@ -70,7 +63,7 @@ def test_expert_picks_and_places_in_a_toy_world():
 
 
 def test_expert_phases_on_synthetic_poses():
-    expert = PickPlaceExpert()
+    expert = PickPlace()
     obj = np.array([0.05, -0.10, 0.04])
     a = expert.act(_scene([-0.15, 0.0, 0.25], obj))
     assert expert.phase is Phase.ABOVE and a[-1] == -1.0 and a[5] == 0.0  # no neighbours: yaw stays 0
@@ -92,7 +85,7 @@ def test_expert_phases_on_synthetic_poses():
 
 
 def test_grasp_point_floor_and_finger_reach():
-    expert = PickPlaceExpert()
+    expert = PickPlace()
     flat = _scene([0, 0, 0.2], [0.0, 0.0, 0.009], height=0.018)  # butter: mid-height would scrape the floor
     assert expert.grasp_point(flat)[2] == pytest.approx(CFG.floor_clearance)
     tall = _scene([0, 0, 0.2], [0.0, 0.0, 0.073], height=0.146)  # salad dressing
@@ -122,7 +115,7 @@ def test_choose_yaw_turns_the_hand_away_from_a_neighbour():
 def test_expert_turns_to_the_chosen_yaw_before_descending():
     tomato = np.array([[0.10, -0.20, 0.045, 0.081]])
     world = ToyWorld(obj=(0.053, -0.103, 0.009), height=0.018, half=(0.0415, 0.0215), obstacles=tomato)
-    expert = PickPlaceExpert()
+    expert = PickPlace()
     while expert.phase is not Phase.DESCEND:
         world.step(expert.act(world.scene()))
     assert expert._yaw != 0.0 and abs(world.yaw - expert._yaw) < CFG.yaw_tolerance
@@ -136,10 +129,11 @@ def test_dart_noise_only_on_executed_xyz():
     assert np.array_equal(dart_action(label, 0.0, np.random.default_rng(0)), label)
 
 
-def test_only_libero_object_has_experts():
-    check_expert_suite("libero_object")
-    with pytest.raises(UsageError, match="no scripted experts for libero_goal"):
-        check_expert_suite("libero_goal")
+def test_every_libero_suite_has_experts():
+    for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10"):
+        check_expert_suite(suite)
+    with pytest.raises(UsageError, match="no scripted experts for libero_90"):
+        check_expert_suite("libero_90")
 
 
 # --- the simulator ---------------------------------------------------------------------------------

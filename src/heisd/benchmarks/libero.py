@@ -155,6 +155,7 @@ class LiberoEnv(gym.Env):
         saved = np.random.get_state()
         np.random.seed(int(seed) % 2**32)
         try:
+            self._unplace_fixtures()  # the samplers add a fixture's position to its sites'
             self._env.reset()
         finally:
             np.random.set_state(saved)
@@ -168,6 +169,16 @@ class LiberoEnv(gym.Env):
         self.layout = np.array([options["init_state"]]) if "init_state" in options else layout
         self._steps = 0
         return self._observe(sim_obs), self._info(sim_obs, success=False)
+
+    def _unplace_fixtures(self) -> None:
+        """Fixtures back at the origin, as LIBERO's hard reset rebuilds them: its samplers add a
+        fixture's sampled position to its sites' world positions, so an object sampled onto a fixture
+        (a bowl on the stove, in a drawer) would otherwise land a fixture's offset away, off the table."""
+        env = self._env.env
+        for fixture in env.fixtures_dict.values():
+            body = env.sim.model.body_name2id(fixture.root_body)
+            env.sim.model.body_pos[body] = 0.0
+            env.sim.model.body_quat[body] = (1.0, 0.0, 0.0, 0.0)
 
     def _start_state(self, options: dict) -> np.ndarray:
         if "layout" in options:

@@ -1,184 +1,37 @@
-"""Scripted experts for LIBERO-Object: pick the task's object, place it in the basket.
+"""Scripted experts for the LIBERO suites, composed per task from its BDDL goal.
 
-The expert reads the scene from the simulator (`SceneReader`: end effector, the goal's object and
-the region it must end in, from the task's BDDL goal `(In <object> <region>)`, and the other
-objects) and drives LIBERO's OSC_POSE controller with 7-D delta actions: xyz proportional to the
-end-effector position error (clipped to the controller's [-1, 1]; 1 = 5 cm), a yaw about world z
-toward the grasp yaw (`choose_yaw`: the start orientation, fingers across the items' narrow side,
-unless the hand, 21 cm long along the finger axis, would hit a neighbouring object, as it hits the
-tomato sauce beside the cream cheese in some layouts), gripper -1 open / +1 close. A phase machine
-(`Phase`) moves above the object, descends, closes, lifts, carries above the region, lowers, opens
-and retreats; a grasp that lost the object goes back to the approach, so noisy (DART) rollouts
-show recoveries.
+`heisd.benchmarks.libero_plan` turns the goal (``On``, ``In``, ``Open``, ``Close``, ``TurnOn``)
+into steps; each step runs one skill of `heisd.benchmarks.libero_skills` on what `SimReader` reads
+from the simulator each step (end effector, the objects' bounding boxes, sites, fixture joints).
+A step whose predicate already holds when it starts (a stove already on) is skipped. See
+BENCHMARKS.md sections 7 (LIBERO-Object) and 12 (the other suites) for what each expert needed.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from heisd.benchmarks.libero_protocol import ACTION_DIM
+from heisd.benchmarks.libero_plan import Step, plan
+from heisd.benchmarks.libero_protocol import SUITES
+from heisd.benchmarks.libero_skills import (
+    Drawer,
+    DrawerScene,
+    ExpertConfig,
+    KnobScene,
+    PickPlace,
+    Push,
+    PushScene,
+    Scene,
+    TurnKnob,
+    is_rim_grasp,
+)
 from heisd.errors import UsageError
 
-EXPERT_SUITES = ("libero_object",)  # suites with scripted experts
-
-
-@dataclass(frozen=True)
-class ExpertConfig:
-    gain: float = 12.0  # xyz action per metre of position error (action 1 = the controller's 5 cm)
-    hover: float = 0.06  # approach height of the end effector above the object's top, m
-    carry_z: float = 0.30  # end-effector height while carrying, m (clears the basket rim with tall objects)
-    grasp_depth: float = 0.5  # grasp point height as a fraction of the object's height above its bottom
-    finger_reach: float = 0.03  # deepest grasp below the object's top: the palm sits ~4.5 cm above the tips, m
-    floor_clearance: float = 0.012  # lowest end-effector height: the finger tips stay off the floor, m
-    place_above: float = 0.05  # release height of the object's bottom above the region's centre, m
-    tolerance: float = 0.01  # position error that ends a move phase, m
-    close_steps: int = 12  # steps with the gripper closing before lifting
-    open_steps: int = 10  # steps with the gripper opening before retreating
-    lost_distance: float = 0.05  # object centre this far from the hand while carrying = grasp lost, m
-    yaw_gain: float = 1.5  # rotation action per radian of yaw error (action 1 = the controller's 0.5 rad)
-    yaw_tolerance: float = 0.05  # yaw error that ends the approach, rad
-    max_yaw: float = 0.8  # largest grasp yaw considered, rad
-    opening: float = 0.07  # widest object section the open fingers take, m (Panda: 8 cm, less a margin)
-    hand_half_length: float = 0.105  # the hand's extent from the grasp point along the finger axis, m
-    hand_half_width: float = 0.035  # ... across it, m
-    hand_bottom: float = 0.03  # height of the hand's body (not the fingers) above the end effector, m
-    clearance: float = 0.01  # wanted gap between the hand and any neighbouring object, m
-
-
-class Phase(enum.Enum):
-    ABOVE = "above"  # move over the object at the approach height, gripper open
-    DESCEND = "descend"  # down to the grasp point
-    CLOSE = "close"  # hold still while the fingers close
-    LIFT = "lift"  # straight up to the carry height
-    CARRY = "carry"  # over the region at the carry height
-    LOWER = "lower"  # down to the release height
-    RELEASE = "release"  # hold still while the fingers open
-    RETREAT = "retreat"  # back up, gripper open, until the episode ends
-
-
-@dataclass(frozen=True)
-class Scene:
-    """What the expert reads each step (world frame, metres)."""
-
-    eef: np.ndarray  # (3,) end-effector position (robot0_eef_pos)
-    object_center: np.ndarray  # (3,) centre of the object's bounding box
-    object_bottom: float  # lowest z of the object
-    object_top: float  # highest z of the object
-    place: np.ndarray  # (3,) centre of the region the object must end in
-    yaw: float = 0.0  # finger axis angle about +z from the world y axis, rad
-    object_half: np.ndarray = field(default_factory=lambda: np.zeros(2))  # object's xy half extents, m
-    obstacles: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # other objects: x, y, radius, top
-
-
-def hand_clearance(yaw: float, grasp: np.ndarray, obstacles: np.ndarray, c: ExpertConfig) -> float:
-    """Smallest horizontal gap between the hand's footprint at the grasp (a rectangle along the finger
-    axis) and the objects tall enough to reach the hand's body there; inf if none is."""
-    tall = obstacles[obstacles[:, 3] > grasp[2] + c.hand_bottom]
-    if not len(tall):
-        return float("inf")
-    axis = np.array([-np.sin(yaw), np.cos(yaw)])  # finger axis
-    across = np.array([axis[1], -axis[0]])
-    rel = tall[:, :2] - grasp[:2]
-    along_d = np.maximum(np.abs(rel @ axis) - c.hand_half_length, 0.0)
-    across_d = np.maximum(np.abs(rel @ across) - c.hand_half_width, 0.0)
-    return float((np.hypot(along_d, across_d) - tall[:, 2]).min())
-
-
-def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray, c: ExpertConfig) -> float:
-    """The grasp yaw closest to 0 whose finger span takes the object and whose hand clears the
-    neighbours by `clearance`; if none does, the one with the most clearance."""
-    best, best_gap = 0.0, -np.inf
-    for yaw in sorted(np.arange(-16, 17) * c.max_yaw / 16, key=abs):  # 0 first, then ever larger turns
-        span = 2 * (object_half[0] * abs(np.sin(yaw)) + object_half[1] * abs(np.cos(yaw)))
-        if span > c.opening and yaw != 0.0:
-            continue
-        gap = hand_clearance(yaw, grasp, obstacles, c)
-        if gap >= c.clearance:
-            return float(yaw)
-        if gap > best_gap:
-            best, best_gap = float(yaw), gap
-    return best
-
-
-@dataclass
-class PickPlaceExpert:
-    """One episode's expert (it keeps the episode's phase): call `act(scene)` each step."""
-
-    config: ExpertConfig = ExpertConfig()
-    phase: Phase = Phase.ABOVE
-    _count: int = 0  # steps spent in a timed phase (CLOSE, RELEASE)
-    _grasp: np.ndarray | None = field(default=None, repr=False)  # grasp point fixed when DESCEND starts
-    _offset: float = 0.0  # object centre height minus end-effector height at the grasp
-    _yaw: float | None = None  # grasp yaw, chosen on the approach
-
-    def grasp_point(self, s: Scene) -> np.ndarray:
-        c = self.config
-        z = max(s.object_bottom + c.grasp_depth * (s.object_top - s.object_bottom), s.object_top - c.finger_reach)
-        return np.array([s.object_center[0], s.object_center[1], max(z, c.floor_clearance)])
-
-    def _held(self, s: Scene) -> bool:
-        """The object moves with the hand: its centre stays where it was relative to the end effector."""
-        expected = s.eef + np.array([0.0, 0.0, self._offset])
-        return bool(np.linalg.norm(s.object_center - expected) < self.config.lost_distance)
-
-    def act(self, s: Scene) -> np.ndarray:
-        c = self.config
-        if self._yaw is None:
-            self._yaw = choose_yaw(self.grasp_point(s), s.object_half, s.obstacles, c)
-        self._advance(s)
-        gripper = 1.0 if self.phase in (Phase.CLOSE, Phase.LIFT, Phase.CARRY, Phase.LOWER) else -1.0
-        action = np.zeros(ACTION_DIM)
-        action[:3] = np.clip(c.gain * (self._target(s) - s.eef), -1.0, 1.0)
-        action[5] = np.clip(c.yaw_gain * self._yaw_error(s), -1.0, 1.0)
-        action[-1] = gripper
-        return action
-
-    def _yaw_error(self, s: Scene) -> float:
-        return float((self._yaw - s.yaw + np.pi) % (2 * np.pi) - np.pi)
-
-    def _advance(self, s: Scene) -> None:
-        """Phase transitions, taken before acting so the action follows the new phase."""
-        c = self.config
-        reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
-        if self.phase is Phase.ABOVE and reached() and abs(self._yaw_error(s)) < c.yaw_tolerance:
-            self.phase, self._grasp = Phase.DESCEND, self.grasp_point(s)
-        elif self.phase is Phase.DESCEND and reached():
-            self.phase, self._count = Phase.CLOSE, 0
-        elif self.phase is Phase.CLOSE:
-            self._count += 1
-            if self._count >= c.close_steps:
-                self.phase, self._offset = Phase.LIFT, float(s.object_center[2] - s.eef[2])
-        elif self.phase in (Phase.LIFT, Phase.CARRY, Phase.LOWER) and not self._held(s):
-            self.phase, self._grasp = Phase.ABOVE, None  # dropped or missed: open and approach again
-        elif self.phase is Phase.LIFT and s.eef[2] > c.carry_z - 2 * c.tolerance:
-            self.phase = Phase.CARRY
-        elif self.phase is Phase.CARRY and np.linalg.norm((self._target(s) - s.eef)[:2]) < c.tolerance:
-            self.phase = Phase.LOWER
-        elif self.phase is Phase.LOWER and reached():
-            self.phase, self._count = Phase.RELEASE, 0
-        elif self.phase is Phase.RELEASE:
-            self._count += 1
-            if self._count >= c.open_steps:
-                self.phase = Phase.RETREAT
-
-    def _target(self, s: Scene) -> np.ndarray:
-        c = self.config
-        if self.phase is Phase.ABOVE:
-            return np.array([s.object_center[0], s.object_center[1], s.object_top + c.hover])
-        if self.phase in (Phase.DESCEND, Phase.CLOSE):
-            return self._grasp
-        if self.phase is Phase.LIFT:
-            return np.array([s.eef[0], s.eef[1], c.carry_z])
-        if self.phase is Phase.CARRY:
-            return np.array([s.place[0], s.place[1], c.carry_z])
-        if self.phase in (Phase.LOWER, Phase.RELEASE):
-            # the object's bottom `place_above` over the region's centre; the hand holds it `-offset` lower
-            half = s.object_center[2] - s.object_bottom
-            return np.array([s.place[0], s.place[1], s.place[2] + c.place_above + half - self._offset])
-        return np.array([s.eef[0], s.eef[1], c.carry_z])  # RETREAT
+EXPERT_SUITES = SUITES  # suites with scripted experts: all four
+KNOB_MARGIN = 0.3  # turn a knob this far past LIBERO's "on" threshold, rad
+SLOT_SPACING = 1.2  # side-by-side objects on one region: their centres this many half-sizes apart
+ON_ABOVE = 0.01  # release height of an object's bottom above what it goes on, m
+IN_ABOVE = 0.05  # ... above the centre of the region it goes in, m
 
 
 def check_expert_suite(suite: str) -> None:
@@ -187,48 +40,223 @@ def check_expert_suite(suite: str) -> None:
                          "datastores from LIBERO's own datasets (build-datastore --demos <task>_demo.hdf5)")
 
 
-class SceneReader:
-    """Reads a `Scene` from one LIBERO task's simulator. The object and region come from the BDDL goal."""
+class SimReader:
+    """Reads one LIBERO task's simulator: objects' world boxes, sites, the hand's yaw, goal predicates."""
 
     def __init__(self, robosuite_env):
-        self._env = robosuite_env
-        goal = robosuite_env.parsed_problem["goal_state"]
-        if len(goal) != 1 or goal[0][0].lower() != "in":
-            raise UsageError(f"the scripted expert places one object in a region; this task's goal is {goal}")
-        _, self.object_name, self.region_name = goal[0]
+        self.env = robosuite_env
         sim = robosuite_env.sim
-        self._geoms = {}  # object name -> its geoms
+        self.geoms = {}  # object name -> its geoms
         for name, obj in robosuite_env.objects_dict.items():
-            self._geoms[name] = np.flatnonzero(sim.model.geom_bodyid == sim.model.body_name2id(obj.root_body))
-        self._site = sim.model.site_name2id(self.region_name)
+            self.geoms[name] = np.flatnonzero(sim.model.geom_bodyid == sim.model.body_name2id(obj.root_body))
         self._fingers = [sim.model.body_name2id(f"gripper0_{side}finger") for side in ("left", "right")]
+        self.floor = min(self.box(name)[0][2] for name in self.geoms)  # every scene has objects on its table
+        fixtures = {sim.model.body_name2id(f.root_body) for f in robosuite_env.fixtures_dict.values()}
+        root = sim.model.body_rootid
+        self._fixture_geoms = np.flatnonzero(np.isin(root[sim.model.geom_bodyid], list(fixtures))
+                                             & (sim.model.geom_contype > 0))
 
-    def _box(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def box(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """World-frame bounding box of an object's geoms (their local boxes rotated by the geom frames)."""
-        sim, geoms = self._env.sim, self._geoms[name]
+        sim, geoms = self.env.sim, self.geoms[name]
         rot = sim.data.geom_xmat[geoms].reshape(-1, 3, 3)
         box = sim.model.geom_aabb[geoms]
         centre = sim.data.geom_xpos[geoms] + np.einsum("nij,nj->ni", rot, box[:, :3])
         half = np.einsum("nij,nj->ni", np.abs(rot), box[:, 3:])
         return (centre - half).min(0), (centre + half).max(0)
 
-    def __call__(self, eef: np.ndarray) -> Scene:
-        sim = self._env.sim
-        lo, hi = self._box(self.object_name)
-        others = []
-        for name in self._geoms:
-            if name != self.object_name:
-                olo, ohi = self._box(name)
-                others.append([*(olo[:2] + ohi[:2]) / 2, np.linalg.norm(ohi[:2] - olo[:2]) / 2, ohi[2]])
-        left, right = sim.data.body_xpos[self._fingers]
+    def body(self, name: str) -> np.ndarray:
+        return self.env.sim.data.body_xpos[self.env.obj_body_id[name]].copy()
+
+    def site(self, name: str) -> np.ndarray:
+        return self.env.sim.data.get_site_xpos(name).copy()
+
+    def yaw(self) -> float:
+        """The finger axis angle about +z from the world y axis."""
+        left, right = self.env.sim.data.body_xpos[self._fingers]
         d = right - left
-        return Scene(eef=np.asarray(eef, dtype=np.float64), object_center=(lo + hi) / 2, object_bottom=float(lo[2]),
-                     object_top=float(hi[2]), place=sim.data.site_xpos[self._site].copy(),
-                     yaw=float(np.arctan2(-d[0], d[1])), object_half=(hi[:2] - lo[:2]) / 2,
-                     obstacles=np.array(others).reshape(-1, 4))
+        return float(np.arctan2(-d[0], d[1]))
+
+    def obstacles(self, *skip: str) -> np.ndarray:
+        """Every object but `skip` (x, y, footprint radius, top), and the corners and centre of every
+        colliding part of the fixtures (radius 0: a drawer's thin wall is no disc)."""
+        rows = []
+        for name in self.geoms:
+            if name not in skip:
+                lo, hi = self.box(name)
+                rows.append([*(lo[:2] + hi[:2]) / 2, np.linalg.norm(hi[:2] - lo[:2]) / 2, hi[2]])
+        sim, g = self.env.sim, self._fixture_geoms
+        rot = sim.data.geom_xmat[g].reshape(-1, 3, 3)
+        centre = sim.data.geom_xpos[g] + np.einsum("nij,nj->ni", rot, sim.model.geom_aabb[g, :3])
+        half = np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[g, 3:])
+        for dx, dy in ((0, 0), (1, 1), (1, -1), (-1, 1), (-1, -1)):
+            pts = centre[:, :2] + half[:, :2] * (dx, dy)
+            rows.extend(np.column_stack([pts, np.zeros(len(g)), centre[:, 2] + half[:, 2]]).tolist())
+        return np.array(rows).reshape(-1, 4)
+
+    def holds(self, predicate: str, *args: str) -> bool:
+        """LIBERO's own check of one goal predicate now."""
+        from libero.libero.envs.predicates import eval_predicate_fn
+
+        states = self.env.object_states_dict
+        return bool(eval_predicate_fn(predicate, *[states[a] for a in args]))
+
+    def joint(self, name: str) -> tuple[int, int]:
+        """An articulated object's (first) joint: (joint id, qpos address)."""
+        model = self.env.sim.model
+        j = model.joint_name2id(self.env.get_object(name).joints[0])
+        return j, int(model.jnt_qposadr[j])
+
+    def part_box(self, joint: int) -> tuple[np.ndarray, np.ndarray]:
+        """World box of the colliding geom reaching highest on a joint's body (a knob's grip)."""
+        sim, model = self.env.sim, self.env.sim.model
+        geoms = np.flatnonzero((model.geom_bodyid == model.jnt_bodyid[joint]) & (model.geom_contype > 0))
+        rot = sim.data.geom_xmat[geoms].reshape(-1, 3, 3)
+        centre = sim.data.geom_xpos[geoms] + np.einsum("nij,nj->ni", rot, model.geom_aabb[geoms, :3])
+        half = np.einsum("nij,nj->ni", np.abs(rot), model.geom_aabb[geoms, 3:])
+        top = int(np.argmax(centre[:, 2] + half[:, 2]))
+        return centre[top] - half[top], centre[top] + half[top]
+
+    def is_drawer(self, name: str) -> bool:
+        """A region inside a drawer: a site moved by a slide joint."""
+        joints = getattr(self.env.object_sites_dict.get(name), "joints", None)
+        model = self.env.sim.model
+        return bool(joints) and model.jnt_type[model.joint_name2id(joints[0])] == 2  # mjJNT_SLIDE
+
+    def is_site(self, name: str) -> bool:
+        return name in self.env.object_sites_dict
+
+    def pushable(self, name: str, c: ExpertConfig) -> bool:
+        """Too wide for the fingers and too flat for a rim grasp (a plate): slid, not carried."""
+        lo, hi = self.box(name)
+        return is_rim_grasp((hi[:2] - lo[:2]) / 2, c) and hi[2] - lo[2] < c.finger_reach
+
+    def closed(self, name: str) -> bool:
+        """A place behind a drawer or door that is not open now (LIBERO's "closed" needs a drawer pushed
+        past its rest position, so a drawer at rest is neither)."""
+        states = self.env.object_states_dict
+        return self.is_site(name) and bool(getattr(self.env.object_sites_dict[name], "joints", None)) \
+            and not states[name].is_open()
+
+
+def place_point(r: SimReader, obj: str, place: str, relation: str, slot: int = 0, slots: int = 1) -> np.ndarray:
+    """Where `obj`'s bounding-box centre goes (xy) and its bottom's release height (z): its body (the
+    point LIBERO's predicates test) over the place's centre, or over its slot along the region's y
+    when several objects share it."""
+    lo, hi = r.box(obj)
+    shift = (lo[:2] + hi[:2]) / 2 - r.body(obj)[:2]
+    if r.is_site(place):
+        centre = r.site(place)
+        size = np.asarray(r.env.object_sites_dict[place].size, dtype=np.float64)
+        y_axis = r.env.sim.data.get_site_xmat(place)[:, 1]
+        centre = centre + y_axis * (slot - (slots - 1) / 2) * SLOT_SPACING * size[1]
+        z = centre[2] + IN_ABOVE if relation == "in" else centre[2] + size[2] + ON_ABOVE
+    else:
+        centre = r.body(place)
+        z = r.box(place)[1][2] + ON_ABOVE
+    return np.array([centre[0] + shift[0], centre[1] + shift[1], z])
+
+
+def pick_place_scene(r: SimReader, step: Step, eef: np.ndarray) -> Scene:
+    lo, hi = r.box(step.target)
+    return Scene(eef=eef, object_center=(lo + hi) / 2, object_bottom=float(lo[2]), object_top=float(hi[2]),
+                 place=place_point(r, step.target, step.place, step.relation, step.slot, step.slots), yaw=r.yaw(),
+                 object_half=(hi[:2] - lo[:2]) / 2, obstacles=r.obstacles(step.target, step.place),
+                 floor=r.floor)
+
+
+def knob_scene(r: SimReader, step: Step, eef: np.ndarray) -> KnobScene:
+    j, q = r.joint(step.target)
+    lo, hi = r.part_box(j)
+    sim, on = r.env.sim, r.env.get_object(step.target).object_properties["articulation"]["default_turnon_ranges"]
+    return KnobScene(eef=eef, yaw=r.yaw(), knob=(lo + hi) / 2, knob_top=float(hi[2]), knob_half=(hi[:2] - lo[:2]) / 2,
+                     pivot=sim.data.xanchor[j][:2].copy(), turned=float(sim.data.qpos[q]),
+                     goal=float(min(on)) + KNOB_MARGIN)
+
+
+def push_scene(r: SimReader, step: Step, eef: np.ndarray) -> PushScene:
+    lo, hi = r.box(step.target)
+    return PushScene(eef=eef, yaw=r.yaw(), object_center=(lo + hi) / 2, object_half=(hi[:2] - lo[:2]) / 2,
+                     object_top=float(hi[2]), place=place_point(r, step.target, step.place, step.relation)[:2],
+                     floor=r.floor)
+
+
+def drawer_scene(r: SimReader, step: Step, eef: np.ndarray) -> DrawerScene:
+    """The drawer behind a region site: its slide joint, the handle (the colliding geom of the drawer
+    reaching farthest out along the pull) and the travel left to LIBERO's open or closed range."""
+    sim, model = r.env.sim, r.env.sim.model
+    site = r.env.object_sites_dict[step.target]
+    j = model.joint_name2id(site.joints[0])
+    ranges = r.env.get_object(site.parent_name).object_properties["articulation"]
+    opened, shut = ranges["default_open_ranges"], ranges["default_close_ranges"]
+    sign = np.sign(np.mean(opened) - np.mean(shut))  # qpos moves this way as the drawer opens
+    pull = sign * sim.data.xaxis[j].copy()
+    pull[2] = 0.0
+    pull /= np.linalg.norm(pull)
+    geoms = np.flatnonzero((model.geom_bodyid == model.jnt_bodyid[j]) & (model.geom_contype > 0))
+    handle = sim.data.geom_xpos[geoms[np.argmax(sim.data.geom_xpos[geoms] @ pull)]].copy()
+    q = float(sim.data.qpos[model.jnt_qposadr[j]])
+    # to the middle of LIBERO's open or closed range
+    travel = sign * (np.mean(opened) - q) if step.skill == "open" else -sign * (np.mean(shut) - q)
+    return DrawerScene(eef=eef, rot=sim.data.get_site_xmat("gripper0_grip_site").copy(), handle=handle, pull=pull,
+                       travel=float(travel))
+
+
+SKILLS = {  # plan step -> (skill, the scene it reads)
+    "pick_place": (PickPlace, pick_place_scene),
+    "turn_on": (TurnKnob, knob_scene),
+    "push": (Push, push_scene),
+    "open": (Drawer, drawer_scene),
+    "close": (lambda c: Drawer(c, opening=False), drawer_scene),
+}
+
+
+def _done_already(r: SimReader, step: Step) -> bool:
+    predicate = {"open": "open", "close": "close", "turn_on": "turnon"}.get(step.skill)
+    return predicate is not None and r.holds(predicate, step.target)
+
+
+class TaskExpert:
+    """One episode's expert for one task: its plan's steps, one skill at a time."""
+
+    def __init__(self, robosuite_env, config: ExpertConfig | None = None):
+        self.reader, self.config = SimReader(robosuite_env), config or ExpertConfig()
+        r = self.reader
+        goal = robosuite_env.parsed_problem["goal_state"]
+        names = {a for predicate in goal for a in predicate[1:]}
+        self.steps = plan(goal, closed=frozenset(n for n in names if r.closed(n)),
+                          pushable=frozenset(n for n in names if n in r.geoms and r.pushable(n, self.config)))
+        self._i, self._skill = -1, None
+        self._next()
+
+    def _next(self) -> None:
+        self._i += 1
+        while self._i < len(self.steps) and _done_already(self.reader, self.steps[self._i]):
+            self._i += 1
+        self._skill = self._make(self.steps[self._i]) if self._i < len(self.steps) else None
+
+    def _make(self, step: Step):
+        # a step no skill does yet (a hinged door: the microwave's) ends the expert there: it holds
+        # still and the episode fails, counted as failed like any other
+        if step.skill in ("open", "close") and not self.reader.is_drawer(step.target):
+            return None
+        return SKILLS[step.skill][0](self.config)
+
+    def _scene(self, step: Step, eef: np.ndarray):
+        return SKILLS[step.skill][1](self.reader, step, eef)
+
+    def act(self, eef: np.ndarray) -> np.ndarray:
+        eef = np.asarray(eef, dtype=np.float64)
+        if self._skill is not None and self._skill.done:
+            self._next()
+        if self._skill is None:  # every step done: hold still, open
+            a = np.zeros(7)
+            a[-1] = -1.0
+            return a
+        return self._skill.act(self._scene(self.steps[self._i], eef))
 
 
 def expert_actor(env):
     """The expert for one episode of a `LiberoEnv` just reset: `info` (with `ee_pos`) -> 7-D action."""
-    reader, expert = SceneReader(env.simulator), PickPlaceExpert()
-    return lambda info: expert.act(reader(info["ee_pos"]))
+    expert = TaskExpert(env.simulator)
+    return lambda info: expert.act(info["ee_pos"])

@@ -1,13 +1,13 @@
 """`heisd demos`: scripted-expert demonstrations in the LIBERO/robomimic HDF5 layout (mw: one file;
-LIBERO-Object: one `<task>_demo.hdf5` per task in LIBERO's own layout)."""
+LIBERO: one `<task>_demo.hdf5` per task in LIBERO's own layout)."""
 
 from __future__ import annotations
 
 import argparse
 
 LOCKS_OUT = True  # --out has one writer at a time (see heisd.commands.runner)
-HELP = ("Record demonstrations as HDF5: scripted experts (mw; libero_object in LIBERO's own layout; successful "
-        "episodes only), or the target's own closed-loop rollouts (--policy DIR, every episode) for a "
+HELP = ("Record demonstrations as HDF5: scripted experts (mw; the LIBERO suites in LIBERO's own layout; "
+        "successful episodes only), or the target's own closed-loop rollouts (--policy DIR, every episode) for a "
         "self-datastore or, with --expert-labels, DAgger.")
 
 
@@ -17,8 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from heisd.commands.common import add_ray_arguments
 
     p.add_argument("--benchmark", default="mw", choices=BENCHMARKS,
-                   help="benchmark to record in; of the LIBERO suites only libero_object has scripted experts "
-                        "(for the others use LIBERO's datasets)")
+                   help="benchmark to record in; every LIBERO suite has scripted experts, composed per task from "
+                        "its BDDL goal (BENCHMARKS.md sections 7 and 12 give their success rates)")
     p.add_argument("--tasks", nargs="+", default=["all"], help="task names, or 'all' for the registry")
     p.add_argument("--episodes", type=int, default=50, help="episodes attempted per task")
     p.add_argument("--seed", type=int, default=0, help="layout/noise seed (mw: use another one for evaluation; LIBERO: layouts drawn by LIBERO's "

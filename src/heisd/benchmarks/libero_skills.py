@@ -1,0 +1,523 @@
+"""Scripted LIBERO skills: phase machines that drive LIBERO's OSC_POSE controller with 7-D delta
+actions from what the simulator says (a `Scene`: world frame, metres).
+
+Every skill moves the end effector with xyz proportional to its position error (clipped to the
+controller's [-1, 1]; 1 = 5 cm), turns it about world z toward a wanted yaw, and sets the gripper
+(-1 open, +1 close). `PickPlace` grasps an object (fingers across its narrow side, or across the
+wall of a bowl too wide for the fingers), carries it and releases it over a place; `Drawer` pulls
+or pushes a handle along the drawer's axis; `Knob` sweeps the fingers past a knob's lever; `Push`
+slides a flat object to a place with the closed fingers. `heisd.benchmarks.libero_plan` chooses
+and orders them from a task's BDDL goal; `heisd.benchmarks.libero_experts` reads the scenes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from heisd.benchmarks.libero_protocol import ACTION_DIM
+
+
+@dataclass(frozen=True)
+class ExpertConfig:
+    gain: float = 12.0  # xyz action per metre of position error (action 1 = the controller's 5 cm)
+    hover: float = 0.06  # approach height of the end effector above the object's top, m
+    carry_z: float = 0.30  # end-effector height above the floor while carrying, m (clears the basket rim)
+    carry_clear: float = 0.04  # ... and at least this far above the release height, m
+    grasp_depth: float = 0.5  # grasp point height as a fraction of the object's height above its bottom
+    finger_reach: float = 0.03  # deepest grasp below the object's top: the palm sits ~4.5 cm above the tips, m
+    rim_width: float = 0.085  # narrowest footprint grasped by its wall, m (the Panda opens 8 cm; cans are 7)
+    rim_inset: float = 0.012  # a bowl's wall centre inside its outer edge, m
+    floor_clearance: float = 0.012  # lowest end-effector height above the floor: the finger tips stay off it, m
+    tolerance: float = 0.01  # position error that ends a move phase, m
+    close_steps: int = 12  # steps with the gripper closing before lifting
+    open_steps: int = 10  # steps with the gripper opening before retreating
+    lost_distance: float = 0.05  # object centre this far from where the grasp holds it = grasp lost, m
+    yaw_gain: float = 1.5  # rotation action per radian of yaw error (action 1 = the controller's 0.5 rad)
+    yaw_tolerance: float = 0.05  # yaw error that ends the approach, rad
+    max_yaw: float = 0.8  # largest grasp yaw considered, rad
+    opening: float = 0.07  # widest object section the open fingers take, m (Panda: 8 cm, less a margin)
+    hand_half_length: float = 0.105  # the hand's extent from the grasp point along the finger axis, m
+    hand_half_width: float = 0.035  # ... across it, m
+    hand_bottom: float = 0.03  # height of the hand's body (not the fingers) above the end effector, m
+    clearance: float = 0.01  # wanted gap between the hand and any neighbouring object, m
+    retreat_steps: int = 15  # steps a finished skill backs off before the next one starts
+
+
+def _move(c: ExpertConfig, target: np.ndarray, eef: np.ndarray, yaw_error: float, gripper: float,
+          limit: float = 1.0) -> np.ndarray:
+    action = np.zeros(ACTION_DIM)
+    action[:3] = np.clip(c.gain * (target - eef), -limit, limit)
+    action[5] = np.clip(c.yaw_gain * yaw_error, -1.0, 1.0)
+    action[-1] = gripper
+    return action
+
+
+def _angle(a: float) -> float:
+    return float((a + np.pi) % (2 * np.pi) - np.pi)
+
+
+# --- pick and place -------------------------------------------------------------------------------
+
+class Phase(enum.Enum):
+    ABOVE = "above"  # move over the grasp point at the approach height, gripper open
+    DESCEND = "descend"  # down to the grasp point
+    CLOSE = "close"  # hold still while the fingers close
+    LIFT = "lift"  # straight up to the carry height
+    CARRY = "carry"  # over the place at the carry height
+    LOWER = "lower"  # down to the release height
+    RELEASE = "release"  # hold still while the fingers open
+    RETREAT = "retreat"  # back up, gripper open
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What `PickPlace` reads each step (world frame, metres)."""
+
+    eef: np.ndarray  # (3,) end-effector position (robot0_eef_pos)
+    object_center: np.ndarray  # (3,) centre of the object's bounding box
+    object_bottom: float  # lowest z of the object
+    object_top: float  # highest z of the object
+    place: np.ndarray  # (3,) where the object's bounding-box centre goes (xy) and its bottom's release height (z)
+    yaw: float = 0.0  # finger axis angle about +z from the world y axis, rad
+    object_half: np.ndarray = field(default_factory=lambda: np.zeros(2))  # object's xy half extents, m
+    # other objects (x, y, footprint radius, top) and points on the fixtures' parts (radius 0)
+    obstacles: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    floor: float = 0.0  # height of the surface the scene stands on (table or floor), m
+
+
+def hand_clearance(yaw: float, grasp: np.ndarray, obstacles: np.ndarray, c: ExpertConfig) -> float:
+    """Smallest horizontal gap between the hand's footprint at the grasp (a rectangle along the finger
+    axis) and the objects tall enough to reach the hand's body there (negative: overlapping); inf if
+    none is."""
+    tall = obstacles[obstacles[:, 3] > grasp[2] + c.hand_bottom]
+    if not len(tall):
+        return float("inf")
+    axis = np.array([-np.sin(yaw), np.cos(yaw)])  # finger axis
+    across = np.array([axis[1], -axis[0]])
+    rel = tall[:, :2] - grasp[:2]
+    along_d = np.abs(rel @ axis) - c.hand_half_length
+    across_d = np.abs(rel @ across) - c.hand_half_width
+    # signed distance to the rectangle: negative inside, by how deep (the least-bad grasp overlaps least)
+    outside = np.hypot(np.maximum(along_d, 0.0), np.maximum(across_d, 0.0))
+    inside = np.minimum(np.maximum(along_d, across_d), 0.0)
+    return float((outside + inside - tall[:, 2]).min())
+
+
+def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray, c: ExpertConfig) -> float:
+    """The grasp yaw closest to 0 whose finger span takes the object and whose hand clears the
+    neighbours by `clearance`; if none does, the one with the most clearance."""
+    best, best_gap = 0.0, -np.inf
+    for yaw in sorted(np.arange(-16, 17) * c.max_yaw / 16, key=abs):  # 0 first, then ever larger turns
+        span = 2 * (object_half[0] * abs(np.sin(yaw)) + object_half[1] * abs(np.cos(yaw)))
+        if span > c.opening and yaw != 0.0:
+            continue
+        gap = hand_clearance(yaw, grasp, obstacles, c)
+        if gap >= c.clearance:
+            return float(yaw)
+        if gap > best_gap:
+            best, best_gap = float(yaw), gap
+    return best
+
+
+def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
+    """Too wide for the open fingers either way (a bowl): the fingers take its wall instead."""
+    return bool(2 * object_half.min() > c.rim_width)
+
+
+def rim_points(s: Scene, c: ExpertConfig) -> list[tuple[np.ndarray, float]]:
+    """(grasp point, yaw) on a bowl's wall where the fingers straddle it, closing along the radius,
+    `finger_reach` below the rim: its sides in y first (yaw 0), then the diagonals, then x."""
+    z = max(s.object_top - c.finger_reach, s.floor + c.floor_clearance)
+    (x, y), (hx, hy) = s.object_center[:2], s.object_half - c.rim_inset
+    out = []
+    for phi in np.radians([90, -90, 45, 135, -45, -135, 0, 180]):
+        yaw = _angle(phi - np.pi / 2)
+        yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 + 1e-9 else yaw  # the hand is symmetric
+        out.append((np.array([x + hx * np.cos(phi), y + hy * np.sin(phi), z]), float(yaw)))
+    return out
+
+
+def choose_rim(s: Scene, c: ExpertConfig) -> tuple[np.ndarray, float]:
+    """The first wall grasp whose hand clears everything by `clearance` (the hand is 21 cm long: an
+    open drawer beside the bowl blocks the sides in y); if none does, the one with the most clearance."""
+    options = rim_points(s, c)
+    gaps = [hand_clearance(yaw, g, s.obstacles, c) for g, yaw in options]
+    clear = [i for i, gap in enumerate(gaps) if gap >= c.clearance]
+    return options[clear[0] if clear else int(np.argmax(gaps))]
+
+
+@dataclass
+class PickPlace:
+    """One pick-and-place (it keeps its phase): call `act(scene)` each step until `done`."""
+
+    config: ExpertConfig = ExpertConfig()
+    phase: Phase = Phase.ABOVE
+    done: bool = False
+    _count: int = 0  # steps spent in a timed phase (CLOSE, RELEASE, RETREAT)
+    _grasp: np.ndarray | None = field(default=None, repr=False)  # grasp point, fixed on the approach
+    _offset: np.ndarray = field(default_factory=lambda: np.zeros(3), repr=False)  # object centre - eef, held
+    _yaw: float | None = None  # grasp yaw, chosen on the approach
+
+    def grasp_point(self, s: Scene) -> np.ndarray:
+        return self._grasp_and_yaw(s)[0]
+
+    def _grasp_and_yaw(self, s: Scene) -> tuple[np.ndarray, float]:
+        c = self.config
+        if is_rim_grasp(s.object_half, c):
+            return choose_rim(s, c)
+        z = max(s.object_bottom + c.grasp_depth * (s.object_top - s.object_bottom), s.object_top - c.finger_reach)
+        grasp = np.array([s.object_center[0], s.object_center[1], max(z, s.floor + c.floor_clearance)])
+        return grasp, choose_yaw(grasp, s.object_half, s.obstacles, c)
+
+    def _held(self, s: Scene) -> bool:
+        """The object moves with the hand: its centre stays where it was relative to the end effector."""
+        return bool(np.linalg.norm(s.object_center - (s.eef + self._offset)) < self.config.lost_distance)
+
+    def act(self, s: Scene) -> np.ndarray:
+        c = self.config
+        if self._grasp is None:
+            self._grasp, self._yaw = self._grasp_and_yaw(s)
+        self._advance(s)
+        gripper = 1.0 if self.phase in (Phase.CLOSE, Phase.LIFT, Phase.CARRY, Phase.LOWER) else -1.0
+        return _move(c, self._target(s), s.eef, self._yaw_error(s), gripper)
+
+    def _yaw_error(self, s: Scene) -> float:
+        return _angle(self._yaw - s.yaw)
+
+    def _carry_z(self, s: Scene) -> float:
+        c = self.config
+        return max(s.floor + c.carry_z, self._release(s)[2] + c.carry_clear)
+
+    def _release(self, s: Scene) -> np.ndarray:
+        # the object's bottom at the place's height, centre over it; the hand holds it `-offset` away
+        half = s.object_center[2] - s.object_bottom
+        return s.place + np.array([0.0, 0.0, half]) - self._offset
+
+    def _advance(self, s: Scene) -> None:
+        """Phase transitions, taken before acting so the action follows the new phase."""
+        c = self.config
+        reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
+        if self.phase is Phase.ABOVE and reached() and abs(self._yaw_error(s)) < c.yaw_tolerance:
+            self.phase = Phase.DESCEND
+        elif self.phase is Phase.DESCEND and reached():
+            self.phase, self._count = Phase.CLOSE, 0
+        elif self.phase is Phase.CLOSE:
+            self._count += 1
+            if self._count >= c.close_steps:
+                self.phase, self._offset = Phase.LIFT, s.object_center - s.eef
+        elif self.phase in (Phase.LIFT, Phase.CARRY, Phase.LOWER) and not self._held(s):
+            self.phase, (self._grasp, self._yaw) = Phase.ABOVE, self._grasp_and_yaw(s)  # dropped or missed
+        elif self.phase is Phase.LIFT and s.eef[2] > self._carry_z(s) - 2 * c.tolerance:
+            self.phase = Phase.CARRY
+        elif self.phase is Phase.CARRY and np.linalg.norm((self._target(s) - s.eef)[:2]) < c.tolerance:
+            self.phase = Phase.LOWER
+        elif self.phase is Phase.LOWER and reached():
+            self.phase, self._count = Phase.RELEASE, 0
+        elif self.phase is Phase.RELEASE:
+            self._count += 1
+            if self._count >= c.open_steps:
+                self.phase, self._count = Phase.RETREAT, 0
+        elif self.phase is Phase.RETREAT:
+            self._count += 1
+            self.done = self._count >= c.retreat_steps
+
+    def _target(self, s: Scene) -> np.ndarray:
+        c = self.config
+        if self.phase is Phase.ABOVE:
+            return self._grasp + np.array([0.0, 0.0, s.object_top + c.hover - self._grasp[2]])
+        if self.phase in (Phase.DESCEND, Phase.CLOSE):
+            return self._grasp
+        if self.phase is Phase.LIFT:
+            return np.array([s.eef[0], s.eef[1], self._carry_z(s)])
+        release = self._release(s)
+        if self.phase is Phase.CARRY:
+            return np.array([release[0], release[1], self._carry_z(s)])
+        if self.phase in (Phase.LOWER, Phase.RELEASE):
+            return release
+        return np.array([s.eef[0], s.eef[1], self._carry_z(s)])  # RETREAT
+
+
+# --- turning a knob -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KnobScene:
+    """What `TurnKnob` reads: the knob's top part and how far it still has to turn (about +z)."""
+
+    eef: np.ndarray  # (3,)
+    yaw: float  # finger axis angle, as in `Scene`
+    knob: np.ndarray  # (3,) centre of the knob's grip (its highest part), world
+    knob_top: float  # its top, m
+    knob_half: np.ndarray  # (2,) its xy half extents, m
+    pivot: np.ndarray  # (2,) xy of the knob's hinge axis (vertical)
+    turned: float  # the hinge's angle now, rad
+    goal: float  # the angle to reach (a margin past LIBERO's "on" threshold), rad
+
+
+class KnobPhase(enum.Enum):
+    ABOVE = "above"
+    DESCEND = "descend"
+    CLOSE = "close"
+    TURN = "turn"  # rotate the hand about z with the knob, the grasp point circling the hinge
+    RELEASE = "release"
+    RETREAT = "retreat"
+
+
+@dataclass
+class TurnKnob:
+    config: ExpertConfig = ExpertConfig()
+    turn_speed: float = 0.4  # rotation action while turning (0.2 rad a step)
+    phase: KnobPhase = KnobPhase.ABOVE
+    done: bool = False
+    _count: int = 0
+    _yaw: float | None = None
+    _grasp: np.ndarray | None = field(default=None, repr=False)
+    _start: float = 0.0  # hinge angle when the fingers closed
+
+    def act(self, s: KnobScene) -> np.ndarray:
+        c = self.config
+        if self._grasp is None:
+            z = max(s.knob_top - c.finger_reach / 2, s.knob[2])
+            self._grasp = np.array([s.knob[0], s.knob[1], z])
+            self._yaw = 0.0 if 2 * s.knob_half[1] <= c.opening else np.pi / 2  # fingers across its narrow side
+        self._advance(s)
+        target, gripper, yaw_error = self._target(s), -1.0, _angle(self._yaw - s.yaw)
+        if self.phase in (KnobPhase.CLOSE, KnobPhase.TURN):
+            gripper = 1.0
+        action = _move(c, target, s.eef, yaw_error, gripper)
+        if self.phase is KnobPhase.TURN:
+            action[5] = self.turn_speed
+        return action
+
+    def _advance(self, s: KnobScene) -> None:
+        c = self.config
+        reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
+        if self.phase is KnobPhase.ABOVE and reached() and abs(_angle(self._yaw - s.yaw)) < c.yaw_tolerance:
+            self.phase = KnobPhase.DESCEND
+        elif self.phase is KnobPhase.DESCEND and reached():
+            self.phase, self._count = KnobPhase.CLOSE, 0
+        elif self.phase is KnobPhase.CLOSE:
+            self._count += 1
+            if self._count >= c.close_steps:
+                self.phase, self._start = KnobPhase.TURN, s.turned
+        elif self.phase is KnobPhase.TURN and s.turned >= s.goal:
+            self.phase, self._count = KnobPhase.RELEASE, 0
+        elif self.phase is KnobPhase.RELEASE:
+            self._count += 1
+            if self._count >= c.open_steps:
+                self.phase, self._count = KnobPhase.RETREAT, 0
+        elif self.phase is KnobPhase.RETREAT:
+            self._count += 1
+            self.done = self._count >= c.retreat_steps
+
+    def _target(self, s: KnobScene) -> np.ndarray:
+        c = self.config
+        if self.phase is KnobPhase.ABOVE:
+            return np.array([self._grasp[0], self._grasp[1], s.knob_top + c.hover])
+        if self.phase is KnobPhase.TURN:  # the grasp point turned with the knob about its hinge
+            a = s.turned - self._start
+            rel = self._grasp[:2] - s.pivot
+            rot = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]]) @ rel
+            return np.array([*(s.pivot + rot), self._grasp[2]])
+        if self.phase is KnobPhase.RETREAT:
+            return np.array([s.eef[0], s.eef[1], s.knob_top + c.hover])
+        if self.phase is KnobPhase.RELEASE:
+            return s.eef.copy()
+        return self._grasp
+
+
+# --- pushing a flat object ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PushScene:
+    """What `Push` reads: the object's box and where its box centre must go (xy)."""
+
+    eef: np.ndarray  # (3,)
+    yaw: float
+    object_center: np.ndarray  # (3,)
+    object_half: np.ndarray  # (2,) xy half extents
+    object_top: float
+    place: np.ndarray  # (2,) where the object's box centre goes
+    floor: float
+
+
+class PushPhase(enum.Enum):
+    BEHIND = "behind"  # above the point behind the object, opposite the place
+    DOWN = "down"  # down beside the object, fingers closed
+    PUSH = "push"  # slide it toward the place
+    RETREAT = "retreat"
+
+
+@dataclass
+class Push:
+    config: ExpertConfig = ExpertConfig()
+    speed: float = 0.5  # largest xyz action while pushing
+    inset: float = 0.04  # the fingers go down this far inside the object's far edge (a plate's rim), m
+    within: float = 0.01  # object centre this close to the place ends the push, m
+    lead: float = 0.08  # how far ahead of the contact the hand aims while pushing, m
+    press: float = 0.008  # end-effector height above the floor while pushing, m (the fingers on the plate's floor)
+    phase: PushPhase = PushPhase.BEHIND
+    done: bool = False
+    _count: int = 0
+    _dir: np.ndarray | None = field(default=None, repr=False)
+    _reach: float = 0.0  # eef distance behind the object's centre along the push
+    # the hand's long side (the finger axis, 21 cm) along world x, toward the robot: free space in LIBERO's
+    # scenes, where cabinets, racks and stoves stand at the table's sides (across the push it hit a
+    # cabinet's drawer handle)
+    _yaw: float = np.pi / 2
+
+    def act(self, s: PushScene) -> np.ndarray:
+        c = self.config
+        if self._dir is None:
+            d = s.place - s.object_center[:2]
+            self._dir = d / max(np.linalg.norm(d), 1e-9)
+            # the object's extent along the push (exact for a round plate, its box's ellipse otherwise)
+            self._reach = float(np.linalg.norm(self._dir * s.object_half)) - self.inset
+        self._advance(s)
+        limit = self.speed if self.phase is PushPhase.PUSH else 1.0
+        return _move(c, self._target(s), s.eef, _angle(self._yaw - s.yaw), 1.0, limit)
+
+    def _advance(self, s: PushScene) -> None:
+        c = self.config
+        reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
+        if self.phase is PushPhase.BEHIND and reached() and abs(_angle(self._yaw - s.yaw)) < c.yaw_tolerance:
+            self.phase = PushPhase.DOWN
+        elif self.phase is PushPhase.DOWN and s.eef[2] < s.floor + self.press + self.config.gain ** -1 * 0.25:
+            self.phase = PushPhase.PUSH
+        elif self.phase is PushPhase.PUSH and np.linalg.norm(s.place - s.object_center[:2]) < self.within:
+            self.phase, self._count = PushPhase.RETREAT, 0
+        elif self.phase is PushPhase.RETREAT:
+            self._count += 1
+            self.done = self._count >= c.retreat_steps
+
+    def _target(self, s: PushScene) -> np.ndarray:
+        c = self.config
+        low = s.floor + self.press  # inside the rim, pressing on the plate's floor
+        behind = s.object_center[:2] - self._dir * self._reach
+        if self.phase is PushPhase.BEHIND:
+            return np.array([*behind, s.object_top + c.hover])
+        if self.phase is PushPhase.DOWN:
+            return np.array([*behind, low])
+        if self.phase is PushPhase.PUSH:  # on at full push speed from the hand, toward the place from the object now
+            d = s.place - s.object_center[:2]
+            return np.array([*(s.eef[:2] + self.lead * d / max(np.linalg.norm(d), 1e-9)), low])
+        return np.array([s.eef[0], s.eef[1], s.object_top + c.hover])
+
+
+# --- drawers --------------------------------------------------------------------------------------
+
+def rotation(axis: np.ndarray, angle: float) -> np.ndarray:
+    """Rotation matrix about a unit axis (Rodrigues)."""
+    k = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    return np.eye(3) + np.sin(angle) * k + (1 - np.cos(angle)) * k @ k
+
+
+def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
+    """The world-frame rotation vector taking `current` to `target` (what OSC_POSE's rotation deltas are)."""
+    r = target @ current.T
+    angle = np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0))
+    if angle < 1e-6:
+        return np.zeros(3)
+    axis = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]) / (2 * np.sin(angle))
+    return axis * angle
+
+
+@dataclass(frozen=True)
+class DrawerScene:
+    """What `Drawer` reads: the hand's pose, the drawer's handle and how far the drawer still has to go."""
+
+    eef: np.ndarray  # (3,)
+    rot: np.ndarray  # (3, 3) the hand's orientation (grip site frame: x the finger axis, z along the fingers)
+    handle: np.ndarray  # (3,) centre of the handle bar
+    pull: np.ndarray  # (3,) horizontal unit vector the drawer opens along
+    travel: float  # how far the drawer still has to move for this skill (open or close), m
+
+
+class DrawerPhase(enum.Enum):
+    FACE = "face"  # in front of the handle, fingers turned to point at it (open) or down (close)
+    REACH = "reach"  # onto the handle: the bar between the fingers (open), the fingers against it (close)
+    GRIP = "grip"  # close the fingers on the bar
+    MOVE = "move"  # pull (open) or push (close) until the drawer is there
+    RELEASE = "release"
+    BACK = "back"  # away from the drawer, the hand turned down again
+
+
+@dataclass
+class Drawer:
+    """Open a drawer by its handle (the hand turned 90 degrees to point into the cabinet, the bar
+    between its fingers: pointing down, the 21 cm hand would hit the cabinet above), or close one
+    by pushing its handle with the closed fingers pointing down."""
+
+    config: ExpertConfig = ExpertConfig()
+    opening: bool = True
+    standoff: float = 0.10  # distance in front of the handle before reaching for it, m
+    lead: float = 0.04  # how far ahead of the hand it aims while pulling or pushing, m
+    rot_gain: float = 1.5  # rotation action per radian of orientation error
+    rot_tolerance: float = 0.08  # orientation error that ends a turning phase, rad
+    reach_steps: int = 40  # longest reach onto the handle (the fingers may touch the drawer first)
+    phase: DrawerPhase = DrawerPhase.FACE
+    done: bool = False
+    _count: int = 0
+    _home: np.ndarray | None = field(default=None, repr=False)  # the hand pointing down, as it started
+    _work: np.ndarray | None = field(default=None, repr=False)  # the orientation that works the handle
+
+    def act(self, s: DrawerScene) -> np.ndarray:
+        c = self.config
+        if self._home is None:
+            self._home = s.rot.copy()
+            finger = s.rot[:, 0]  # turn about z until the finger axis lies along the pull
+            yaw = np.arctan2(finger[0] * s.pull[1] - finger[1] * s.pull[0], finger @ s.pull)
+            yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 else yaw
+            aligned = rotation(np.array([0.0, 0.0, 1.0]), yaw) @ s.rot
+            if self.opening:  # pitch the fingers from down to into the cabinet: the closing axis turns vertical
+                axis = np.cross([0.0, 0.0, 1.0], s.pull)
+                self._work = rotation(axis / np.linalg.norm(axis), np.pi / 2) @ aligned
+            else:  # down, the hand's long side across the push
+                self._work = rotation(np.array([0.0, 0.0, 1.0]), np.pi / 2) @ aligned
+        self._advance(s)
+        target_rot = self._home if self.phase is DrawerPhase.BACK else self._work
+        gripper = 1.0 if self.phase in (DrawerPhase.GRIP, DrawerPhase.MOVE) or not self.opening else -1.0
+        action = _move(c, self._target(s), s.eef, 0.0, gripper)
+        action[3:6] = np.clip(self.rot_gain * rotation_error(target_rot, s.rot), -1.0, 1.0)
+        return action
+
+    def _rot_ok(self, s: DrawerScene, target: np.ndarray) -> bool:
+        return bool(np.linalg.norm(rotation_error(target, s.rot)) < self.rot_tolerance)
+
+    def _advance(self, s: DrawerScene) -> None:
+        c = self.config
+        reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
+        if self.phase is DrawerPhase.FACE and reached() and self._rot_ok(s, self._work):
+            self.phase, self._count = DrawerPhase.REACH, 0
+        elif self.phase is DrawerPhase.REACH:
+            self._count += 1
+            if reached() or self._count >= self.reach_steps:
+                self.phase, self._count = (DrawerPhase.GRIP, 0) if self.opening else (DrawerPhase.MOVE, 0)
+        elif self.phase is DrawerPhase.GRIP:
+            self._count += 1
+            if self._count >= c.close_steps:
+                self.phase = DrawerPhase.MOVE
+        elif self.phase is DrawerPhase.MOVE and s.travel <= 0:
+            self.phase, self._count = DrawerPhase.RELEASE, 0
+        elif self.phase is DrawerPhase.RELEASE:
+            self._count += 1
+            if self._count >= c.open_steps:
+                self.phase, self._count = DrawerPhase.BACK, 0
+        elif self.phase is DrawerPhase.BACK:
+            self._count += 1
+            self.done = self._count >= c.retreat_steps and self._rot_ok(s, self._home)
+
+    def _target(self, s: DrawerScene) -> np.ndarray:
+        front = s.handle + s.pull * self.standoff
+        if self.phase is DrawerPhase.FACE:
+            return front
+        if self.phase in (DrawerPhase.REACH, DrawerPhase.GRIP):
+            # opening: the bar between the finger pads; closing: the finger tips against the bar's front
+            return s.handle.copy() if self.opening else s.handle + s.pull * 0.02
+        if self.phase is DrawerPhase.MOVE:
+            return s.eef + s.pull * (self.lead if self.opening else -self.lead)
+        if self.phase is DrawerPhase.RELEASE:
+            return s.eef.copy()
+        return np.array([front[0], front[1], s.handle[2] + 0.1])  # BACK: out and up

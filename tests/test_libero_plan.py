@@ -1,0 +1,141 @@
+"""LIBERO experts without a simulator: BDDL goals -> skill plans, and the wall grasp, knob, push and
+drawer skills on synthetic scenes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heisd.benchmarks.libero_plan import Step, plan
+from heisd.benchmarks.libero_skills import (
+    Drawer,
+    DrawerPhase,
+    DrawerScene,
+    ExpertConfig,
+    KnobPhase,
+    KnobScene,
+    PickPlace,
+    Push,
+    PushPhase,
+    PushScene,
+    Scene,
+    TurnKnob,
+    is_rim_grasp,
+    rotation,
+    rotation_error,
+)
+from heisd.errors import UsageError
+
+CFG = ExpertConfig()
+
+
+def test_place_goals_become_pick_and_place():
+    # LIBERO-Spatial: every task is this goal
+    assert plan([["on", "akita_black_bowl_1", "plate_1"]]) == [
+        Step("pick_place", "akita_black_bowl_1", "plate_1", "on")]
+    # LIBERO-10: two objects in the basket, in the goal's order
+    assert [s.target for s in plan([["In", "alphabet_soup_1", "basket_1_contain_region"],
+                                    ["In", "tomato_sauce_1", "basket_1_contain_region"]])] == [
+        "alphabet_soup_1", "tomato_sauce_1"]
+
+
+def test_a_closed_place_is_opened_first_and_closing_comes_last():
+    region = "wooden_cabinet_1_top_region"
+    assert plan([["in", "akita_black_bowl_1", region]], closed=frozenset({region})) == [
+        Step("open", region), Step("pick_place", "akita_black_bowl_1", region, "in")]
+    # LIBERO-10: "put the bowl in the bottom drawer and close it" lists Close first; the drawer starts open
+    drawer = "white_cabinet_1_bottom_region"
+    assert plan([["close", drawer], ["in", "akita_black_bowl_1", drawer]]) == [
+        Step("pick_place", "akita_black_bowl_1", drawer, "in"), Step("close", drawer)]
+    assert plan([["open", drawer]], closed=frozenset({drawer})) == [Step("open", drawer)]
+
+
+def test_turn_on_push_and_unknown_predicates():
+    steps = plan([["turnon", "flat_stove_1"], ["on", "moka_pot_1", "flat_stove_1_cook_region"]])
+    assert [s.skill for s in steps] == ["turn_on", "pick_place"]
+    assert plan([["on", "plate_1", "main_table_stove_front_region"]], pushable=frozenset({"plate_1"})) == [
+        Step("push", "plate_1", "main_table_stove_front_region", "on")]
+    with pytest.raises(UsageError, match="no scripted skill"):
+        plan([["stack", "a", "b"]])
+
+
+def test_a_bowl_is_grasped_by_its_wall_on_the_clear_side():
+    half = np.array([0.078, 0.078])  # LIBERO's black bowl, 15.7 cm across
+    assert is_rim_grasp(half, CFG) and not is_rim_grasp(np.array([0.036, 0.036]), CFG)  # a can: centre grasp
+    centre = np.array([0.0, 0.0, 0.927])
+    s = Scene(eef=np.array([0.0, 0.0, 1.2]), object_center=centre, object_bottom=0.9, object_top=0.954,
+              place=np.zeros(3), object_half=half, floor=0.9)
+    g = PickPlace().grasp_point(s)
+    assert g[1] == pytest.approx(half[1] - CFG.rim_inset) and g[2] == pytest.approx(0.954 - CFG.finger_reach)
+    tall = np.array([[0.0, 0.16, 0.04, 1.1]])  # a tall neighbour beyond the +y wall: take the -y wall
+    g = PickPlace().grasp_point(Scene(**{**s.__dict__, "obstacles": tall}))
+    assert g[1] == pytest.approx(-(half[1] - CFG.rim_inset))
+
+
+def test_knob_is_grasped_turned_to_its_goal_and_let_go():
+    skill, eef, yaw, turned = TurnKnob(), np.array([0.0, 0.0, 1.1]), 0.0, 0.0
+    knob = np.array([0.0, 0.0, 0.93])
+    for _ in range(200):
+        s = KnobScene(eef=eef, yaw=yaw, knob=knob, knob_top=0.965, knob_half=np.array([0.012, 0.024]),
+                      pivot=np.array([0.02, 0.0]), turned=turned, goal=0.8)
+        a = skill.act(s)
+        eef = eef + 0.02 * a[:3]
+        if skill.phase is KnobPhase.TURN:
+            assert a[-1] == 1.0 and a[5] > 0  # closed, turning about +z
+            turned += 0.5 * a[5]  # the knob turns with the hand
+        if skill.done:
+            break
+    assert skill.done and turned >= 0.8
+
+
+def test_push_starts_inside_the_far_rim_and_slides_toward_the_place():
+    skill = Push()
+    centre, place = np.array([0.05, 0.0, 0.91]), np.array([0.05, 0.2])
+    s = PushScene(eef=np.array([0.0, 0.0, 1.1]), yaw=0.0, object_center=centre, object_half=np.array([0.08, 0.08]),
+                  object_top=0.92, place=place, floor=0.9)
+    a = skill.act(s)
+    assert skill.phase is PushPhase.BEHIND and a[-1] == 1.0  # fingers closed, a pusher
+    behind = skill._target(s)
+    assert behind[1] == pytest.approx(-(0.08 - skill.inset)) and behind[2] > 0.92  # inside the rim, from above
+    down = PushScene(**{**s.__dict__, "eef": np.array([0.05, behind[1], 0.9 + skill.press]), "yaw": np.pi / 2})
+    skill.phase = PushPhase.DOWN
+    a = skill.act(down)
+    assert skill.phase is PushPhase.PUSH and a[1] > 0  # toward the place
+    skill.act(PushScene(**{**down.__dict__, "object_center": np.array([0.05, 0.199, 0.91])}))
+    assert skill.phase is PushPhase.RETREAT
+
+
+def test_rotation_error_is_the_world_rotation_vector():
+    start = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # the Panda's start: fingers down
+    axis = np.array([0.6, 0.0, 0.8])
+    assert np.allclose(rotation_error(rotation(axis, 0.7) @ start, start), 0.7 * axis)
+    assert np.allclose(rotation_error(start, start), 0.0)
+
+
+def test_drawer_points_the_fingers_into_the_cabinet_then_pulls():
+    start = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # grip site: x finger axis, z along fingers
+    pull, handle = np.array([0.0, 1.0, 0.0]), np.array([0.04, -0.13, 1.015])  # LIBERO-Goal's middle drawer
+    skill = Drawer()
+    s = DrawerScene(eef=np.array([-0.2, 0.0, 1.17]), rot=start, handle=handle, pull=pull, travel=0.15)
+    a = skill.act(s)
+    assert np.allclose(skill._work[:, 2], -pull, atol=1e-9)  # the fingers point into the cabinet
+    assert np.allclose(np.abs(skill._work[:, 0]), [0, 0, 1], atol=1e-9)  # they close vertically, on the bar
+    assert np.allclose(skill._target(s), handle + pull * skill.standoff) and np.abs(a[3:6]).max() > 0
+    at = DrawerScene(eef=handle, rot=skill._work, handle=handle, pull=pull, travel=0.15)
+    skill.phase = DrawerPhase.REACH
+    skill.act(at)
+    assert skill.phase is DrawerPhase.GRIP
+    for _ in range(CFG.close_steps):
+        skill.act(at)
+    a = skill.act(at)
+    assert skill.phase is DrawerPhase.MOVE and a[1] > 0 and a[-1] == 1.0  # pulling, fingers closed
+    skill.act(DrawerScene(**{**at.__dict__, "travel": -0.001}))
+    assert skill.phase is DrawerPhase.RELEASE
+
+
+def test_objects_on_one_region_go_side_by_side():
+    cook = "flat_stove_1_cook_region"
+    steps = plan([["on", "moka_pot_1", cook], ["on", "moka_pot_2", cook], ["turnon", "flat_stove_1"]])
+    assert [(s.skill, s.slot, s.slots) for s in steps] == [("pick_place", 0, 2), ("pick_place", 1, 2), ("turn_on", 0, 1)]
+    basket = "basket_1_contain_region"  # `in` a container: dropped in, no slots
+    assert {s.slots for s in plan([["in", "a", basket], ["in", "b", basket]])} == {1}
