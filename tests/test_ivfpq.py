@@ -117,6 +117,19 @@ def test_ivfpq_recall_on_clustered_keys() -> None:
     assert 0.5 <= bare < 1.0 and reranked >= 0.95 and reranked > bare
 
 
+def test_opq_rotation_round_trip() -> None:
+    keys = clustered_keys(600, KEY_DIM, np.random.default_rng(2).standard_normal((6, KEY_DIM), dtype=np.float32),
+                          np.random.default_rng(3))
+    index = build_index(keys, IndexConfig(kind="ivfpq", reduction="opq", pq_m=4, pq_nbits=6, reduce_dim=16))
+    assert isinstance(faiss.downcast_VectorTransform(index.chain.at(0)), faiss.OPQMatrix)
+    assert ivf_of(index).code_size == 3  # 4 codes x 6 bits
+    loaded = faiss.deserialize_index(faiss.serialize_index(index))
+    _, rows = index.search(keys[:50], 8)
+    _, rows_loaded = loaded.search(keys[:50], 8)
+    np.testing.assert_array_equal(rows, rows_loaded)
+    assert np.mean([i in r for i, r in enumerate(rows)]) >= 0.9  # a stored key is among its own top 8
+
+
 @pytest.mark.parametrize(("config", "n", "message"), [
     (IndexConfig(kind="ivfpq", pq_m=64, reduce_dim=16), 400, "cannot code 0 dims"),
     (IndexConfig(kind="ivfpq", pq_m=7, reduction="none"), 400, "pq_m=7 does not divide the 32-d"),
