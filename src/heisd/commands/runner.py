@@ -40,6 +40,7 @@ COMMANDS = {
     "dagger": "dagger",
     "train-drafter": "train_drafter",
     "build-datastore": "build_datastore",
+    "reindex": "reindex",
     "calibrate": "calibrate",
     "replay": "replay",
     "eval": "eval",

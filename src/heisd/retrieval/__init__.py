@@ -12,7 +12,7 @@ _EXPORTS = {
     "DatastoreWriter": "datastore",
     "RetrievalResult": "datastore",
     "GLOBAL_COLLECTION": "entries",
-    "IndexConfig": "index",
+    "IndexConfig": "index_config",
     "benchmark_index": "index",
     "FORMAT_VERSION": "manifest",
     "DatastoreError": "manifest",

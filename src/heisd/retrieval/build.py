@@ -28,7 +28,7 @@ from heisd.errors import InputError
 from heisd.executors import LocalExecutor
 from heisd.kinematics import KinematicConfig, KinematicStats, fit_delta_scale
 from heisd.retrieval.datastore import Datastore, DatastoreWriter
-from heisd.retrieval.index import IndexConfig, IndexKind
+from heisd.retrieval.index_config import IndexConfig
 from heisd.retrieval.manifest import DATASTORE, read_manifest, sha256_file
 from heisd.storage import check_output, recorded_path
 from heisd.targets.base import Target
@@ -45,7 +45,7 @@ BUILD_KEY = "build"  # extras: the build summary, with the identity of every dem
 class BuildConfig:
     batch_size: int = 64  # frames per target pass
     n_sequences: int = 4  # demonstrator tokens of this step and the next 3 (paper)
-    index: IndexKind = "auto"  # FAISS index per collection: flat when small, HNSW when large
+    index: IndexConfig = IndexConfig()  # FAISS index per collection: flat, HNSW or IVF-PQ by size
 
 
 @dataclass
@@ -110,7 +110,7 @@ def build_datastore(
         n_tokens=spec.n_action_tokens,
         n_sequences=config.n_sequences,
         target_fingerprint=target.fingerprint(),
-        index_config=IndexConfig(kind=config.index),
+        index_config=config.index,
     )
     trajectories, episodes, dropped, start = [], 0, 0, time.perf_counter()
     executed: list[np.ndarray] = []  # the expert's actions beside each trajectory

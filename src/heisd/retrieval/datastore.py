@@ -26,7 +26,8 @@ import numpy as np
 
 import heisd
 from heisd.retrieval.entries import GLOBAL_COLLECTION, PAYLOAD_FIELDS, EntryBuffer
-from heisd.retrieval.index import IndexConfig, build_index, index_kind, set_ef_search
+from heisd.retrieval.index import build_index, index_kind, search, set_ef_search, set_nprobe
+from heisd.retrieval.index_config import IndexConfig
 from heisd.retrieval.loading import load_validated
 from heisd.retrieval.manifest import (
     DATASTORE,
@@ -145,20 +146,24 @@ class DatastoreWriter:
                 np.save(SimpleNamespace(write=f.write), array)  # not a real file to numpy: no tofile
             files[name] = file_record(tmp / name)
 
-        def save_index(name: str, keys: np.ndarray) -> str:
+        def save_index(name: str, keys: np.ndarray) -> dict[str, Any]:
+            """The collection's index fields: its file, kind and (IVF-PQ) the parameters it was built with."""
             index = build_index(keys, self.index_config)
             (tmp / name).write_bytes(faiss.serialize_index(index).tobytes())
             files[name] = file_record(tmp / name)
-            return index_kind(index)
+            kind = index_kind(index)
+            record: dict[str, Any] = {"index": name, "kind": kind}
+            if kind == "ivfpq":
+                record["params"] = asdict(self.index_config.ivfpq_params(*keys.shape))
+            return record
 
         for name in PAYLOAD_FIELDS:
             save_array(f"{name}.npy", arrays[name])
         collections = {
             GLOBAL_COLLECTION: {
                 "count": buf.n_entries,
-                "index": "index_global.faiss",
                 "ids": None,
-                "kind": save_index("index_global.faiss", arrays["keys"]),
+                **save_index("index_global.faiss", arrays["keys"]),
             }
         }
         for t, name in enumerate(buf.tasks):
@@ -166,9 +171,8 @@ class DatastoreWriter:
             save_array(f"ids_task{t}.npy", ids)
             collections[name] = {
                 "count": int(len(ids)),
-                "index": f"index_task{t}.faiss",
                 "ids": f"ids_task{t}.npy",
-                "kind": save_index(f"index_task{t}.faiss", arrays["keys"][ids]),
+                **save_index(f"index_task{t}.faiss", arrays["keys"][ids]),
             }
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -275,6 +279,16 @@ class Datastore:
         for index in self._indexes.values():
             set_ef_search(index, ef_search)
 
+    def set_nprobe(self, nprobe: int) -> None:
+        for index in self._indexes.values():
+            set_nprobe(index, nprobe)
+
+    def _rerank(self, name: str) -> int:
+        """Candidates per result an IVF-PQ collection re-scores exactly; 0 for exact indexes
+        (manifests older than IVF-PQ have no params: their indexes are exact)."""
+        params = self._manifest["collections"][name].get("params")
+        return int(params.get("rerank", 1)) if params else 0
+
     # -- queries -----------------------------------------------------------------------
     def resolve_collection(self, task: str | None) -> tuple[str, bool]:
         """(collection searched, fell_back). None asks for global; an unknown task falls
@@ -300,13 +314,20 @@ class Datastore:
         if not np.all(np.isfinite(norms)) or np.any(norms == 0):
             raise ValueError("query keys must be finite and non-zero")
         name, fell_back = self.resolve_collection(task)
-        sims, rows = self._indexes[name].search(np.ascontiguousarray(keys / norms), k)
+        keys = np.ascontiguousarray(keys / norms)
+        rerank = self._rerank(name)
+        sims, rows = search(self._indexes[name], keys, k * max(rerank, 1))
         ids = self._ids[name]
         results = []
-        for sim, row in zip(sims, rows, strict=True):
+        for key, sim, row in zip(keys, sims, rows, strict=True):
             keep = row >= 0  # faiss pads with -1 when the collection has fewer than k entries
-            idx = row[keep] if ids is None else ids[row[keep]]
-            results.append(self._result(name, fell_back, idx.astype(np.int64), sim[keep]))
+            idx = (row[keep] if ids is None else ids[row[keep]]).astype(np.int64)
+            sim = sim[keep]
+            if rerank:  # compressed codes: rank the candidates by their exact cosine (the one thresholds use)
+                sim = self.keys[idx] @ key
+                best = np.argsort(-sim, kind="stable")[:k]
+                idx, sim = idx[best], sim[best]
+            results.append(self._result(name, fell_back, idx, sim))
         return results
 
     def _result(self, name: str, fell_back: bool, idx: np.ndarray, sims: np.ndarray) -> RetrievalResult:

@@ -1,50 +1,29 @@
-"""FAISS vector index for datastore collections: exact (flat) when small, HNSW when large.
+"""FAISS vector index for datastore collections, chosen by size: exact (flat) when small, HNSW
+when large, IVF-PQ (`heisd.retrieval.ivfpq`) when HNSW's full vectors would not fit in memory.
 
-Keys are L2-normalized, so inner product is cosine similarity.
+Keys are L2-normalized, so inner product is cosine similarity; `search` reports cosine for every kind.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import faiss
 import numpy as np
 
-IndexKind = Literal["auto", "flat", "hnsw"]
-
-
-@dataclass(frozen=True)
-class IndexConfig:
-    # "auto": flat while n_entries * key_dim <= flat_max_floats, HNSW above.
-    kind: IndexKind = "auto"
-    # Measured (1 thread, top-8, clustered keys): flat costs ~0.2 ms at 5k x 256-d and
-    # ~0.3 ms at 2k x 1024-d, growing linearly; HNSW stays ~0.05-0.1 ms there. 2^20 floats
-    # (4k entries at 256-d) keeps exact search under ~0.2 ms, a few % of one decode step.
-    flat_max_floats: int = 1 << 20
-    hnsw_m: int = 32  # graph degree (links per node on the base layer: 2 * M)
-    ef_construction: int = 40  # faiss default; build cost grows linearly with it
-    ef_search: int = 64  # query-time beam width; raise it for recall at ~1M entries
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("auto", "flat", "hnsw"):
-            raise ValueError(f"IndexConfig.kind must be auto, flat or hnsw, got {self.kind!r}")
-        for name in ("flat_max_floats", "hnsw_m", "ef_construction", "ef_search"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"IndexConfig.{name} must be >= 1, got {getattr(self, name)}")
-
-    def resolve(self, n_entries: int, key_dim: int) -> Literal["flat", "hnsw"]:
-        if self.kind != "auto":
-            return self.kind
-        return "flat" if n_entries * key_dim <= self.flat_max_floats else "hnsw"
+from heisd.retrieval.index_config import INDEX_KINDS, IndexConfig, Kind
+from heisd.retrieval.ivfpq import build_ivfpq, ivf_of
 
 
 def build_index(keys: np.ndarray, config: IndexConfig) -> faiss.Index:
     """Index over the rows of `keys` (float32 [N, D], normalized); faiss ids are row numbers."""
     keys = np.ascontiguousarray(keys, dtype=np.float32)
     n, d = keys.shape
-    if config.resolve(n, d) == "flat":
+    kind = config.resolve(n, d)
+    if kind == "ivfpq":
+        return build_ivfpq(keys, config.ivfpq_params(n, d))
+    if kind == "flat":
         index: faiss.Index = faiss.IndexFlatIP(d)
     else:
         index = faiss.IndexHNSWFlat(d, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
@@ -54,14 +33,31 @@ def build_index(keys: np.ndarray, config: IndexConfig) -> faiss.Index:
     return index
 
 
-def index_kind(index: faiss.Index) -> Literal["flat", "hnsw"]:
-    return "hnsw" if isinstance(index, faiss.IndexHNSW) else "flat"
+def index_kind(index: faiss.Index) -> Kind:
+    if isinstance(index, faiss.IndexHNSW):
+        return "hnsw"
+    return "ivfpq" if ivf_of(index) is not None else "flat"
+
+
+def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(similarities, rows) of the top k per query; an L2 index on unit keys reports 1 - d^2 / 2,
+    the cosine (approximate where the index's distances are)."""
+    found, rows = index.search(queries, k)
+    if index.metric_type == faiss.METRIC_L2:
+        found = 1.0 - found / 2.0
+    return found, rows
 
 
 def set_ef_search(index: faiss.Index, ef_search: int) -> None:
     """Set efSearch on an HNSW index; flat indexes are exact and ignore it."""
     if isinstance(index, faiss.IndexHNSW):
         index.hnsw.efSearch = int(ef_search)
+
+
+def set_nprobe(index: faiss.Index, nprobe: int) -> None:
+    """Set the cells an IVF index scans per query; other kinds ignore it."""
+    if (ivf := ivf_of(index)) is not None:
+        ivf.nprobe = min(int(nprobe), ivf.nlist)
 
 
 def clustered_keys(
@@ -111,7 +107,7 @@ def benchmark_index(
         faiss.omp_set_num_threads(threads)
 
     recall = 1.0
-    if index_kind(index) == "hnsw":
+    if index_kind(index) != "flat":
         exact = faiss.IndexFlatIP(key_dim)
         exact.add(keys)
         _, truth = exact.search(queries, k)
@@ -123,6 +119,7 @@ def benchmark_index(
         "n_queries": n_queries,
         "kind": index_kind(index),
         "ef_search": config.ef_search,
+        "nprobe": config.nprobe,
         "build_s": build_s,
         "bytes_per_entry": bytes_per_entry,
         "query_p50_ms": float(np.percentile(times, 50) * 1e3),
@@ -138,15 +135,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--entries", type=int, nargs="+", default=[10_000, 100_000], help="index sizes")
     p.add_argument("--key-dim", type=int, default=512, help="key dimension (the shipped target's pooled feature)")
-    p.add_argument("--kind", default="auto", choices=["auto", "flat", "hnsw"], help="index kind")
+    p.add_argument("--kind", default="auto", choices=INDEX_KINDS, help="index kind")
     p.add_argument("--ef-search", type=int, default=64, help="HNSW efSearch")
+    p.add_argument("--nprobe", type=int, default=IndexConfig.nprobe, help="IVF-PQ cells scanned per query")
     p.add_argument("--queries", type=int, default=500, help="single queries timed per size")
     args = p.parse_args(argv)
     print("| entries | key dim | index | build s | bytes/entry | query p50 ms | query p90 ms | recall@8 |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.entries:
         r = benchmark_index(
-            n, args.key_dim, n_queries=args.queries, config=IndexConfig(kind=args.kind, ef_search=args.ef_search)
+            n,
+            args.key_dim,
+            n_queries=args.queries,
+            config=IndexConfig(kind=args.kind, ef_search=args.ef_search, nprobe=args.nprobe),
         )
         print(
             f"| {n} | {args.key_dim} | {r['kind']} | {r['build_s']:.2f} | {r['bytes_per_entry']:.0f} | "

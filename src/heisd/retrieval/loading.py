@@ -9,7 +9,7 @@ import faiss
 import numpy as np
 
 from heisd.retrieval.entries import GLOBAL_COLLECTION, PAYLOAD_FIELDS
-from heisd.retrieval.index import set_ef_search
+from heisd.retrieval.index import set_ef_search, set_nprobe
 from heisd.retrieval.manifest import MANIFEST, DatastoreError, read_manifest, verify_files
 
 Loaded = tuple[Path, dict[str, Any], dict[str, np.ndarray], dict[str, faiss.Index], dict[str, np.ndarray | None]]
@@ -94,4 +94,6 @@ def load_validated(
             raise DatastoreError(root / c["ids"], f"entry ids do not fit collection {name!r}")
         if ef_search is not None:
             set_ef_search(indexes[name], ef_search)
+        if params := c.get("params"):  # IVF-PQ: the nprobe it was built to search with
+            set_nprobe(indexes[name], params["nprobe"])
     return root, m, arrays, indexes, ids
