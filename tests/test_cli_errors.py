@@ -70,7 +70,7 @@ CASES = [  # argv, exit code, what the one line must say
      "--seed must be in [0, 10000)"),
     (["demos", "--tasks", "reach-v3", "--out", "{theirs}", "--overwrite"], 1,
      "theirs.hdf5 exists and is not a heisd demonstration file"),
-    (["demos", "--benchmark", "libero_goal", "--out", "{root}/lg"], 2, "there are no scripted experts for libero_goal"),
+    (["demos", "--benchmark", "libero_goal", "--episodes", "0", "--out", "{root}/lg"], 2, "--episodes must be >= 1, got 0"),
     (["eval", "--benchmark", "libero_goal", "--out", "{root}/lg"], 2,
      "no target is shipped for --benchmark libero_goal: give --target"),
     (["demos", "--tasks", "reach-v3"], 2, "demos needs --out"),

@@ -70,8 +70,8 @@ def test_dagger_round_files_on_libero(tmp_path):
     assert rollout_files(libero, tmp_path) == [tmp_path / "rollouts" / f"{t}_demo.hdf5" for t in tasks]
     mw = DaggerConfig(init="x", demos=(), tasks=("reach-v3",))
     assert rollout_files(mw, tmp_path) == [tmp_path / "rollouts.hdf5"]
-    with pytest.raises(UsageError, match="no scripted experts for libero_goal"):
-        DaggerConfig(init="x", demos=(), tasks=tasks, benchmark="libero_goal")
+    with pytest.raises(UsageError, match="no scripted experts for libero_90"):
+        DaggerConfig(init="x", demos=(), tasks=tasks, benchmark="libero_90")
 
 
 def test_a_target_that_cannot_act_in_libero_is_refused():
