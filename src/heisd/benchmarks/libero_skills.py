@@ -20,6 +20,12 @@ import numpy as np
 from heisd.benchmarks.libero_protocol import ACTION_DIM
 
 
+def _tick(skill, steps: int) -> bool:
+    """One more step in a timed phase (the skill's `_count`); True once it has lasted `steps`."""
+    skill._count += 1
+    return skill._count >= steps
+
+
 @dataclass(frozen=True)
 class ExpertConfig:
     gain: float = 12.0  # xyz action per metre of position error (action 1 = the controller's 5 cm)
@@ -205,8 +211,7 @@ class PickPlace:
         elif self.phase is Phase.DESCEND and reached():
             self.phase, self._count = Phase.CLOSE, 0
         elif self.phase is Phase.CLOSE:
-            self._count += 1
-            if self._count >= c.close_steps:
+            if _tick(self, c.close_steps):
                 self.phase, self._offset = Phase.LIFT, s.object_center - s.eef
         elif self.phase in (Phase.LIFT, Phase.CARRY, Phase.LOWER) and not self._held(s):
             self.phase, (self._grasp, self._yaw) = Phase.ABOVE, self._grasp_and_yaw(s)  # dropped or missed
@@ -217,12 +222,10 @@ class PickPlace:
         elif self.phase is Phase.LOWER and reached():
             self.phase, self._count = Phase.RELEASE, 0
         elif self.phase is Phase.RELEASE:
-            self._count += 1
-            if self._count >= c.open_steps:
+            if _tick(self, c.open_steps):
                 self.phase, self._count = Phase.RETREAT, 0
         elif self.phase is Phase.RETREAT:
-            self._count += 1
-            self.done = self._count >= c.retreat_steps
+            self.done = _tick(self, c.retreat_steps)
 
     def _target(self, s: Scene) -> np.ndarray:
         c = self.config
@@ -299,18 +302,15 @@ class TurnKnob:
         elif self.phase is KnobPhase.DESCEND and reached():
             self.phase, self._count = KnobPhase.CLOSE, 0
         elif self.phase is KnobPhase.CLOSE:
-            self._count += 1
-            if self._count >= c.close_steps:
+            if _tick(self, c.close_steps):
                 self.phase, self._start = KnobPhase.TURN, s.turned
         elif self.phase is KnobPhase.TURN and s.turned >= s.goal:
             self.phase, self._count = KnobPhase.RELEASE, 0
         elif self.phase is KnobPhase.RELEASE:
-            self._count += 1
-            if self._count >= c.open_steps:
+            if _tick(self, c.open_steps):
                 self.phase, self._count = KnobPhase.RETREAT, 0
         elif self.phase is KnobPhase.RETREAT:
-            self._count += 1
-            self.done = self._count >= c.retreat_steps
+            self.done = _tick(self, c.retreat_steps)
 
     def _target(self, s: KnobScene) -> np.ndarray:
         c = self.config
@@ -389,8 +389,7 @@ class Push:
         elif self.phase is PushPhase.PUSH and np.linalg.norm(s.place - s.object_center[:2]) < self.within:
             self.phase, self._count = PushPhase.RETREAT, 0
         elif self.phase is PushPhase.RETREAT:
-            self._count += 1
-            self.done = self._count >= c.retreat_steps
+            self.done = _tick(self, c.retreat_steps)
 
     def _target(self, s: PushScene) -> np.ndarray:
         c = self.config
@@ -492,22 +491,18 @@ class Drawer:
         if self.phase is DrawerPhase.FACE and reached() and self._rot_ok(s, self._work):
             self.phase, self._count = DrawerPhase.REACH, 0
         elif self.phase is DrawerPhase.REACH:
-            self._count += 1
-            if reached() or self._count >= self.reach_steps:
+            if _tick(self, self.reach_steps) or reached():
                 self.phase, self._count = (DrawerPhase.GRIP, 0) if self.opening else (DrawerPhase.MOVE, 0)
         elif self.phase is DrawerPhase.GRIP:
-            self._count += 1
-            if self._count >= c.close_steps:
+            if _tick(self, c.close_steps):
                 self.phase = DrawerPhase.MOVE
         elif self.phase is DrawerPhase.MOVE and s.travel <= 0:
             self.phase, self._count = DrawerPhase.RELEASE, 0
         elif self.phase is DrawerPhase.RELEASE:
-            self._count += 1
-            if self._count >= c.open_steps:
+            if _tick(self, c.open_steps):
                 self.phase, self._count = DrawerPhase.BACK, 0
         elif self.phase is DrawerPhase.BACK:
-            self._count += 1
-            self.done = self._count >= c.retreat_steps and self._rot_ok(s, self._home)
+            self.done = _tick(self, c.retreat_steps) and self._rot_ok(s, self._home)
 
     def _target(self, s: DrawerScene) -> np.ndarray:
         front = s.handle + s.pull * self.standoff
