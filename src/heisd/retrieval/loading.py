@@ -15,10 +15,15 @@ from heisd.retrieval.manifest import MANIFEST, DatastoreError, read_manifest, ve
 Loaded = tuple[Path, dict[str, Any], dict[str, np.ndarray], dict[str, faiss.Index], dict[str, np.ndarray | None]]
 
 
-def _load_array(path: Path) -> np.ndarray:
+# Read through the page cache, not into the process: a big store's keys and hidden states (the two wide
+# fields) would otherwise be resident whole; a query touches only the rows it re-ranks
+MAPPED_FIELDS = frozenset({"keys", "hidden"})
+
+
+def _load_array(path: Path, mapped: bool = False) -> np.ndarray:
     try:
         # Never unpickle: a datastore directory may come from anywhere.
-        return np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False, mmap_mode="r" if mapped else None)
     except (ValueError, OSError, EOFError) as err:
         raise DatastoreError(path, f"unreadable array: {err}") from err
 
@@ -81,7 +86,7 @@ def load_validated(
         raise DatastoreError(manifest_path, f"files {unlisted} have no checksum entry")
     verify_files(root, m["files"], verify_checksums)
 
-    arrays = {field: _load_array(root / f"{field}.npy") for field in PAYLOAD_FIELDS}
+    arrays = {field: _load_array(root / f"{field}.npy", field in MAPPED_FIELDS) for field in PAYLOAD_FIELDS}
     _check_shapes(root, m, arrays)
     indexes: dict[str, faiss.Index] = {}
     ids: dict[str, np.ndarray | None] = {}
