@@ -149,17 +149,23 @@ def test_msgpack_and_json_requests_get_the_same_step(built, server):
 
 # ----- sessions -----
 
+def alone_in_process(vla, tmp, episodes: dict) -> dict:
+    """Each episode's (actions, record) per step, decoded by its own fresh in-process policy."""
+    expected = {}
+    for name, (instruction, task, obs) in episodes.items():
+        policy = fresh_policy(vla, heisd_method(tmp))
+        policy.reset(instruction, task)
+        expected[name] = [policy.act(*o) for o in obs]
+    return expected
+
+
 def test_interleaved_episodes_equal_separate_runs(built, server):
     """Two episodes stepped alternately through the server decode exactly as each does alone
     in process: prompts, kinematic windows (the metric) and proposer state stay apart."""
     vla, tmp = built
     episodes = {"a": (REACH, "reach-v3", observations(1, 10, 0.0)),
                 "b": (DRAWER, "drawer-close-v3", observations(2, 10, 0.05))}
-    expected = {}
-    for name, (instruction, task, obs) in episodes.items():
-        policy = fresh_policy(vla, heisd_method(tmp))
-        policy.reset(instruction, task)
-        expected[name] = [policy.act(*o) for o in obs]
+    expected = alone_in_process(vla, tmp, episodes)
     client = PolicyClient(server.url)
     got = {name: [] for name in episodes}
     for i in range(10):
@@ -319,11 +325,7 @@ def test_sessions_share_one_drafter_and_decode_independently(built):
         client = PolicyClient(s.url)
         episodes = {"a": (REACH, "reach-v3", observations(31, 6, 0.0)),
                     "b": (DRAWER, "drawer-close-v3", observations(32, 6, 0.08))}
-        expected = {}
-        for name, (instruction, task, obs) in episodes.items():
-            policy = fresh_policy(vla, heisd_method(tmp))
-            policy.reset(instruction, task)
-            expected[name] = [policy.act(*o) for o in obs]
+        expected = alone_in_process(vla, tmp, episodes)
         for i in range(6):
             for name, (instruction, task, obs) in episodes.items():
                 image, state, path = obs[i]
