@@ -38,10 +38,10 @@ def test_bench_quick_smoke(resources):
     configs = ladder(base)
     labels = [c.label for c in configs]
     assert labels == ["ar", "jacobi", "specvla", "specvla-relaxed", "retrieval", "retrieval+lossless",
-                      "heisd+lossless+threshold@0",
-                      "heisd+no-group+no-prefill-skip+threshold@0", "heisd+no-prefill-skip+tol:paper+threshold@0",
-                      "heisd+tol:paper+threshold@0", "heisd+lossless", "heisd", "retrieval+ar-fallback",
-                      "heisd+ar-fallback", "heisd+cost-tree", "heisd+tol:paper"]
+                      "heisd+lossless+no-fuse+threshold@0", "heisd+no-group+no-prefill-skip+no-fuse+threshold@0",
+                      "heisd+no-prefill-skip+tol:paper+no-fuse+threshold@0", "heisd+tol:paper+no-fuse+threshold@0",
+                      "heisd+lossless", "heisd", "retrieval+ar-fallback", "heisd+ar-fallback", "heisd+cost-tree",
+                      "heisd+tol:paper", "heisd+no-fuse"]
     # 24 env steps: the kinematic window (15) fills, so heisd runs retrieval mode too
     cfg = EvalConfig(("reach-v3",), episodes=1, seed=0, max_steps=24, image_size=32)
     out = tmp / "out"

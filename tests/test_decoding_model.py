@@ -89,11 +89,15 @@ def reference_ar(model, prefix_embeds, n) -> tuple[list[int], float]:
 
 
 class ScriptedProposer(Proposer):
-    """Test proposer: drafts the rest of each candidate action; None on the listed steps."""
+    """Test proposer: drafts the rest of each candidate action; None on the listed steps. `fused`: the
+    whole candidates are also the first draft, verified inside the prefill pass."""
 
-    def __init__(self, candidates, ar_steps=(), skip=False, on_state=None):
+    def __init__(self, candidates, ar_steps=(), skip=False, on_state=None, fused=False):
         self.candidates, self.ar_steps, self.skip, self.on_state = candidates, set(ar_steps), skip, on_state
-        self.calls = 0
+        self.fused, self.calls = fused, 0
+
+    def first_draft(self, context) -> DraftTree | None:
+        return DraftTree.from_sequences(self.candidates) if self.fused and self.candidates[0] else None
 
     def propose(self, state: DecodeState) -> Proposal | None:
         step, self.calls = self.calls, self.calls + 1
@@ -139,6 +143,7 @@ def scenarios(draw, max_offset=3, n=None, max_correct=None):
             )
         ),
         ar_steps=draw(st.sets(st.integers(0, 7), max_size=3)),
+        fused=draw(st.booleans()),  # the first draft verified inside the prefill pass
     )
 
 
@@ -173,12 +178,14 @@ def test_exact_acceptance_is_lossless(case):
         for j in range(m):
             torch.testing.assert_close(state.hidden[j], ref_hidden[state.position - m + j], atol=1e-4, rtol=0)
 
-    proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"], on_state=check_state)
+    proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"], on_state=check_state,
+                                fused=case["fused"])
     config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB, n_bins=256)
     decoder = SpeculativeDecoder(Verifier(model), config, proposer, ExactAcceptance())
     result = decoder.decode(embeds)
     assert result.tokens == reference[: case["n"]]
-    assert result.target_forwards == 1 + len(result.accepted_lengths)
+    fused = proposer.first_draft({}) is not None  # then the prefill pass is a verify pass too
+    assert result.target_forwards == (not fused) + len(result.accepted_lengths)
     # each pass emits its accepted drafts + a bonus token, only the last may be cut at n
     assert 0 <= sum(result.accepted_lengths) + result.target_forwards - case["n"] <= 1
     assert result.deviation == 0
@@ -209,7 +216,7 @@ def relaxed_decode(case, acceptance, guard=assume):
     """Decode with a relaxed rule; ``guard`` skips (assume) or fails (require) on fp32 near-ties."""
     model, embeds = tiny_target(case["seed"]), prefix(case["seed"], case["prefix_len"])
     reference, _ = reference_ar(model, embeds, case["n"])
-    proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"])
+    proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"], fused=case.get("fused", False))
     config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB, n_bins=256)
     result = SpeculativeDecoder(Verifier(model), config, proposer, acceptance).decode(embeds)
     assert len(result.tokens) == case["n"]
@@ -307,6 +314,32 @@ def test_tree_pass_matches_sequential_forwards(attn):
         hidden, logits = full_forward(model, embeds, path)
         torch.testing.assert_close(out.hidden[slot], hidden, atol=1e-4, rtol=0)
         assert int(out.next_tokens[slot]) == int(logits.argmax())
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("branch", [[0, 1, 2], [3, 4], []])
+def test_fused_prefill_pass_is_a_prefill_and_a_tree_pass(attn, branch):
+    """`prefill_verify`: one forward over [prefix, tree] gives the prefill's token and hidden state and
+    every node's output over its own path; committed, the cache holds prefix + the accepted path."""
+    model, embeds = tiny_target(1, attn), prefix(1, 5)
+    verifier = Verifier(model)
+    tree = DraftTree.from_sequences([[50, 60, 70], [51, 61], [50, 62, 72]])
+    pre, out = verifier.prefill_verify(embeds, tree)
+    plain = verifier.prefill(embeds)
+    assert pre.token == plain.token and out.n_roots == 1 and out.past_len == 4
+    torch.testing.assert_close(pre.hidden, plain.hidden, atol=1e-5, rtol=0)
+    assert len(out.hidden) == len(out.next_tokens) == 1 + len(tree)  # no prefix row but the last
+    for node in range(len(tree)):
+        hidden, logits = full_forward(model, embeds, tree.tokens[tree.path(node)].tolist())
+        torch.testing.assert_close(out.hidden[1 + node], hidden, atol=1e-4, rtol=0)
+        assert int(out.tree_next[1 + node]) == int(logits.argmax())
+    verifier.commit(pre.cache, out, branch)
+    path = tree.tokens[branch].tolist()
+    assert pre.cache.get_seq_length() == 5 + len(path)
+    follow = verifier.verify(pre.cache, [90], DraftTree.chain([92]))
+    for slot, tail in enumerate([[90], [90, 92]]):
+        _, logits = full_forward(model, embeds, path + tail)
+        torch.testing.assert_close(model.lm_head(follow.hidden[slot]), logits, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("extra_roots", [[], [95, 96]])  # several roots: tokens a verify-skip emitted unseen

@@ -32,7 +32,22 @@ CONFIG = {"method": "heisd", "switch": "cost", "tree_budget": 8, "tree_depth": 3
 
 def priced(mode, forwards, accepted, depths, sizes, fallback=(0, 0), option=None, config=CONFIG) -> float:
     step = split_step(mode, forwards, accepted, depths, sizes, fallback, option, config, 8)
-    return COSTS.step(mode, step.prefill, step.passes(option)).total
+    return COSTS.step(mode, step.prefill, step.passes(option), step.fused).total
+
+
+def test_a_fused_step_prices_its_first_tree_inside_the_prefill() -> None:
+    """Retrieval's first tree verified in the prefill pass: no pass of its own, only what its tokens add."""
+    step = split_step("retrieval", 1, [7], [8], [20], (0, 0), None, CONFIG, 8)
+    assert step.fused and step.head == ((20, 0),) and StepPasses.from_json(step.to_json()) == step
+    cost = COSTS.step("retrieval", step.prefill, step.passes(None), step.fused)
+    assert cost.forwards == 1 and cost.verify == 0.0 and cost.prefill == pytest.approx(10 + (5.0 - 3))
+    # a rejection at position 3, then the AR fallback's 4 plain passes; the tokens left count from 0
+    step = split_step("retrieval", 5, [3, 0, 0, 0, 0], [8, 0, 0, 0, 0], [20, 0, 0, 0, 0], (4, 4), "ar", CONFIG, 8)
+    assert step.fused and step.tokens_left == 4
+    assert priced("retrieval", 5, [3, 0, 0, 0, 0], [8, 0, 0, 0, 0], [20, 0, 0, 0, 0], (4, 4), "ar") == pytest.approx(
+        2 + 0.25 + 10 + 2.0 + 4 * 3)
+    with pytest.raises(ValueError, match="target passes"):
+        split_step("retrieval", 2, [1, 1, 1], [8, 1, 1], [20, 1, 1], (0, 0), None, CONFIG, 8)
 
 
 def test_step_costs_by_hand() -> None:

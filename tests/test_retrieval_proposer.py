@@ -124,11 +124,15 @@ def decoder_for(vla, proposer, cfg: RetrievalConfig) -> SpeculativeDecoder:
 
 
 def test_own_tokens_give_one_verify_and_skip_gives_none(built) -> None:
+    """The paper's order: a prefill, then one verify pass (or none, skipped); fused: the prefill pass
+    verifies the whole stored action, one target pass in all and no skip needed."""
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
     # the random target's own actions move the gripper within the chunk: the guard would veto every skip
-    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2, gripper_guard=False)
-    for skip in (None, VerifySkip(theta=0.99)):
+    vocab = ActionVocab(vla.config.vocab_size, vla.config.n_bins)
+    for fused, skip, forwards in ((False, None, 2), (False, VerifySkip(theta=0.99), 1), (True, None, 1),
+                                  (True, VerifySkip(theta=0.99), 1)):
+        cfg = RetrievalConfig.for_action(4, 2, gripper_guard=False, fused_prefill=fused)
         proposer = RetrievalProposer(store, cfg, vocab=vocab, verify_skip=skip)
         decoder = decoder_for(vla, proposer, cfg)
         for episode, t in ((0, 3), (2, 17)):
@@ -137,10 +141,11 @@ def test_own_tokens_give_one_verify_and_skip_gives_none(built) -> None:
             stats = result.proposer_stats
             assert result.tokens == store.own_tokens[(store.episode == episode) & (store.step == t)][0].tolist()
             assert stats.top1_similarity > 0.9999 and not stats.fell_back and stats.retrieval_ms > 0
-            if skip is None:
-                assert result.target_forwards == 2 and result.tokens_per_forward == 4.0 and not stats.skipped
-            else:
-                assert result.target_forwards == 1 and result.tokens_per_forward == 8.0 and stats.skipped
+            assert result.target_forwards == forwards and result.tokens_per_forward == 8 / forwards
+            skipped = skip is not None and not fused  # fused, nothing is left to skip
+            assert stats.skipped == skipped and (stats.hidden_similarity is not None) == skipped
+            assert result.accepted_lengths == ([] if skipped else [8 if fused else 7])
+            if skipped:
                 assert stats.hidden_similarity > 0.9999
 
 
@@ -193,7 +198,8 @@ def test_emitted_groups_stay_in_bounds_and_later_calls_delegate(built, tmp_path,
                 devs.append(abs(vocab.bin(emitted[p]) - vocab.bin(target)))
             assert (sum(devs) == 0) if g in EXACT else (sum(devs) <= 30 and max(devs) <= 15), (g, devs)
         assert result.proposer_stats.tree_nodes > 7 and result.proposer_stats.n_results == 8
-        assert all(p > 1 for p in fallback.positions)  # one retrieval per step, then the fallback
+        # one retrieval tree per step (fused: verified in the prefill pass, from position 0), then the fallback
+        assert all(p > 0 for p in fallback.positions)
         continued = result.proposer_stats.continuations
         assert continued == 0 or continue_drafts
         assert len(fallback.positions) + continued == len(result.accepted_lengths) - 1
@@ -255,7 +261,7 @@ def test_first_tree_keeps_every_result_when_none_agrees(built) -> None:
 
     far = vocab.token((vocab.bin(int(seqs[:, 0].min())) + 60) % 256)  # farther than max_dev from every result
     assert not proposer._agreeing(seqs, [far]).any()
-    none_agree = proposer._proposal(SimpleNamespace(emitted=[far], position=1), result).tree
+    none_agree = proposer._first_tree(1, [far], result).tree
     everyone = tree_of(np.arange(len(seqs)))
     assert none_agree.tokens.tolist() == everyone.tokens.tolist() and none_agree.parents.tolist() == everyone.parents.tolist()
     # results whose first token is far from the emitted one are dropped while another agrees
@@ -267,7 +273,7 @@ def test_first_tree_keeps_every_result_when_none_agrees(built) -> None:
     agree = np.flatnonzero(proposer._agreeing(own, [emitted]))
     assert 0 < len(agree) <= len(own) - len(own) // 2
     seqs = own
-    some = proposer._proposal(SimpleNamespace(emitted=[emitted], position=1), mixed).tree
+    some = proposer._first_tree(1, [emitted], mixed).tree
     assert some.tokens.tolist() == tree_of(agree).tokens.tolist()
 
 
@@ -295,7 +301,8 @@ def test_a_skip_never_moves_the_gripper(built, monkeypatch) -> None:
     step (no previous action), is verified instead of skipped, by both skips."""
     vla = built["vla"]
     store = open_datastore(built["store"], vla)
-    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2)
+    # the paper's order: the verify-skip needs the prefill's hidden state (fused, nothing is left to skip)
+    vocab, cfg = ActionVocab(vla.config.vocab_size, vla.config.n_bins), RetrievalConfig.for_action(4, 2, fused_prefill=False)
     embeds, context = frame(built, 0, 4)
     previous = context["previous_action"]
     real_query = store.query
@@ -313,7 +320,7 @@ def test_a_skip_never_moves_the_gripper(built, monkeypatch) -> None:
         assert not moving.skipped and moving.gripper_veto
         first_step = decoder.decode(embeds, {**context, "previous_action": None}).proposer_stats
         assert not first_step.skipped and first_step.gripper_veto
-        unguarded = RetrievalProposer(store, RetrievalConfig.for_action(4, 2, gripper_guard=False), vocab=vocab, **skips)
+        unguarded = RetrievalProposer(store, dataclasses.replace(cfg, gripper_guard=False), vocab=vocab, **skips)
         assert decoder_for(vla, unguarded, cfg).decode(embeds, context).proposer_stats.skipped
         monkeypatch.setattr(store, "query", steady_query)
         steady = decoder.decode(embeds, context)

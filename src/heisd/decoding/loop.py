@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from heisd.decoding.acceptance import AcceptanceRule, ActionVocab, ExactAcceptance
 from heisd.decoding.tree import DraftTree
-from heisd.decoding.verifier import Verifier
+from heisd.decoding.verifier import Verification, Verifier
 
 METRIC = "metric"  # context key: the kinematic metric F of this step, read by phase-aware acceptance rules
 
@@ -84,6 +84,12 @@ class Proposer(ABC):
     def observe(self, outcome: Outcome) -> None:
         """The verify pass of this proposer's latest proposal is done (default: nothing to learn)."""
 
+    def first_draft(self, context: dict[str, Any]) -> DraftTree | None:
+        """A draft of the whole action from its first token, known before the target runs (after
+        `begin_step`): the loop verifies it inside the prefill pass (`Verifier.prefill_verify`), so
+        it costs no target pass of its own. None (the default): a plain prefill, then `propose`."""
+        return None
+
     def begin_step(self, context: dict[str, Any]) -> list[int] | None:
         """A new control step: forget the last step's state. May return a whole action to emit
         with no target forward at all (prefill skip); None lets the step run the target."""
@@ -103,6 +109,22 @@ class Timing:
     draft_ms: float = 0.0  # inside proposer.propose
     verify_ms: float = 0.0  # target tree passes
     other_ms: float = 0.0  # acceptance, KV compaction, bookkeeping
+
+
+@dataclass
+class _Passes:
+    """Per verify pass of one control step: accepted draft tokens, tree depth and size; summed deviation."""
+
+    accepted: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    deviation: int = 0
+
+    def add(self, tree: DraftTree, accepted: int, deviation: int) -> None:
+        self.accepted.append(accepted)
+        self.depths.append(int(tree.depth.max()) if len(tree) else 0)
+        self.sizes.append(len(tree))
+        self.deviation += deviation
 
 
 @dataclass
@@ -157,14 +179,22 @@ class SpeculativeDecoder:
                 raise ValueError(f"a prefill skip must be a whole action of {n} tokens, got {len(early)}")
             timing.draft_ms = (self._now() - start) * 1e3
             return DecodeResult(list(early), 0, [], [], n, 0, timing, self.proposer.end_step())
+        first = self.proposer.first_draft(context) if self.proposer is not None else None
+        first = first.truncated(n) if first is not None and len(first) else None
         t = self._now()
-        pre = self.verifier.prefill(prefix_embeds, "target pass 1 (prefill)")
+        timing.draft_ms = (t - start) * 1e3  # a prefill skip that did not fire, the first draft
+        passes = _Passes()
+        if first is None:
+            pre = self.verifier.prefill(prefix_embeds, "target pass 1 (prefill)")
+            emitted, pending, hidden = [pre.token], [pre.token], pre.hidden[None]
+        else:  # the prefill pass verifies the first draft too: its root is the last prefix position
+            pre, verification = self.verifier.prefill_verify(
+                prefix_embeds, first, "target pass 1 (prefill + verify)", margins=self.acceptance.needs_margins
+            )
+            emitted, hidden = self._accept(first, verification, pre.cache, [], 1, context, passes)
+            pending = [emitted[-1]]
         timing.prefill_ms = (self._now() - t) * 1e3
-        timing.draft_ms = (t - start) * 1e3  # a prefill skip that did not fire
-        emitted = [pre.token]
-        pending = [pre.token]  # emitted tokens the target has not processed yet
-        hidden = pre.hidden[None]
-        forwards, accepted_lengths, depths, sizes, skipped, deviation = 1, [], [], [], 0, 0
+        forwards, skipped = 1, 0
         while len(emitted) < n:
             t = self._now()
             proposal = None
@@ -190,24 +220,28 @@ class SpeculativeDecoder:
             )
             timing.verify_ms += (self._now() - t) * 1e3
             forwards += 1
-            acc = self.acceptance.select(
-                tree, verification.tree_next, len(emitted), self.vocab, verification.tree_margins, context.get(METRIC)
-            )
-            if self.proposer is not None:  # truncation keeps node order: indices are the proposal's too
-                self.proposer.observe(Outcome(tree, verification.tree_next, list(acc.nodes), len(emitted)))
-            self.verifier.commit(pre.cache, verification, acc.nodes)
-            slots = list(range(len(pending))) + [len(pending) + i for i in acc.nodes]
-            hidden = verification.hidden[slots]
-            emitted = (emitted + acc.tokens + [acc.bonus])[:n]
-            pending = [acc.bonus]
-            accepted_lengths.append(len(acc.nodes))
-            depths.append(int(tree.depth.max()) if len(tree) else 0)
-            sizes.append(len(tree))
-            deviation += acc.deviation
+            emitted, hidden = self._accept(tree, verification, pre.cache, emitted, len(pending), context, passes)
+            pending = [emitted[-1]]
         stats = self.proposer.end_step() if self.proposer is not None else None
         total_ms = (self._now() - start) * 1e3
         timing.other_ms = total_ms - timing.prefill_ms - timing.draft_ms - timing.verify_ms
-        return DecodeResult(emitted, forwards, accepted_lengths, depths, skipped, deviation, timing, stats, sizes)
+        return DecodeResult(emitted[:n], forwards, passes.accepted, passes.depths, skipped, passes.deviation,
+                            timing, stats, passes.sizes)
+
+    def _accept(self, tree: DraftTree, verification: Verification, cache: DynamicCache, emitted: list[int],
+                n_pending: int, context: dict[str, Any], passes: _Passes) -> tuple[list[int], torch.Tensor]:
+        """What a verify pass over `tree` (drafts from position len(emitted)) makes of it: the emitted
+        tokens after it (accepted drafts, then the target's bonus token) and the lm_head inputs of the
+        pass's kept rows (its roots, then the accepted path); the cache keeps the same rows."""
+        acc = self.acceptance.select(
+            tree, verification.tree_next, len(emitted), self.vocab, verification.tree_margins, context.get(METRIC)
+        )
+        if self.proposer is not None:  # truncation keeps node order: indices are the proposal's too
+            self.proposer.observe(Outcome(tree, verification.tree_next, list(acc.nodes), len(emitted)))
+        self.verifier.commit(cache, verification, acc.nodes)
+        slots = list(range(n_pending)) + [n_pending + i for i in acc.nodes]
+        passes.add(tree, len(acc.nodes), acc.deviation)
+        return emitted + acc.tokens + [acc.bonus], verification.hidden[slots]
 
     def _check_skip(self, tree: DraftTree) -> None:
         # A skipped draft is accepted blindly, so it must be a plain sequence of action tokens.

@@ -3,7 +3,8 @@
 Every target forward of the decode loop goes through here, so ``target_forwards`` is
 counted in one place (the loop) and every pass has the same shape: context tokens the
 target has not processed yet (the *roots*, usually just the last emitted token) as a
-causal chain, then a draft tree hanging below the last root.
+causal chain, then a draft tree hanging below the last root. The prefill itself can carry a
+tree (`prefill_verify`): a draft known before the target runs is verified in the prefill pass.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class Prefill:
 
 @dataclass
 class Verification:
-    past_len: int  # cache length before this pass
-    n_roots: int  # context tokens fed before the tree (>= 1)
+    past_len: int  # cache length before the roots (a fused prefill: its prefix length - 1)
+    n_roots: int  # context tokens fed before the tree (>= 1; a fused prefill: its last prefix position)
     next_tokens: torch.Tensor  # LongTensor [R+N]: target greedy next token per slot (roots, then nodes)
     hidden: torch.Tensor  # [R+N, d]: lm_head input per slot
     margins: torch.Tensor | None = None  # [R+N]: top-1 minus top-2 logit per slot (`verify(margins=True)`)
@@ -74,6 +75,29 @@ class Verifier:
         return Prefill(cache=cache, token=token, hidden=hidden)
 
     @torch.no_grad()
+    def prefill_verify(
+        self, prefix_embeds: torch.Tensor, tree: DraftTree, label: str = "its prefill pass", margins: bool = False
+    ) -> tuple[Prefill, Verification]:
+        """ONE target forward over [prefix, tree nodes]: the prefill and the verification of a draft of
+        the whole action (its first tokens hang below the last prefix position) in the same pass, so a
+        draft known before the prefill (retrieval's, from the vision key) costs no pass of its own.
+
+        The Verification reads like `verify`'s with the last prefix position as its single root:
+        ``past_len`` is the prefix length minus one, and `commit` keeps the prefix and the accepted path.
+        """
+        if prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != 1:
+            raise ValueError(f"prefix_embeds must be [1, P, d], got {tuple(prefix_embeds.shape)}")
+        cache = DynamicCache(config=self.model.config)
+        check_cache(cache)
+        n_prefix = prefix_embeds.shape[1]
+        nodes = self.model.get_input_embeddings()(tree.tokens.to(self.device))[None].to(prefix_embeds.dtype)
+        verification = self._tree_pass(
+            cache, torch.cat([prefix_embeds, nodes], dim=1), n_prefix, tree, label, margins, embeds=True
+        )
+        prefill = Prefill(cache=cache, token=int(verification.tree_next[0]), hidden=verification.hidden[0])
+        return prefill, verification
+
+    @torch.no_grad()
     def verify(
         self,
         cache: DynamicCache,
@@ -87,20 +111,30 @@ class Verifier:
         roots = [roots] if isinstance(roots, int) else list(roots)
         if not roots:
             raise ValueError("verify needs at least one root token")
-        n_roots, past_len = len(roots), cache.get_seq_length()
         ids = torch.cat([torch.tensor(roots, dtype=torch.long), tree.tokens]).to(self.device)
+        return self._tree_pass(cache, ids[None], len(roots), tree, label, margins)
+
+    def _tree_pass(
+        self, cache: DynamicCache, inputs: torch.Tensor, n_roots: int, tree: DraftTree, label: str, margins: bool,
+        embeds: bool = False,
+    ) -> Verification:
+        """One forward over [roots, tree nodes] (ids [1, R+N], or embeddings [1, R+N, d] with ``embeds``)
+        on top of ``cache``. Token roots keep a row each; embedding roots (a prefix) keep only their
+        last, the one whose next token starts the action: the lm_head never runs on the others."""
+        past_len = cache.get_seq_length()
         positions = torch.cat([torch.arange(n_roots), n_roots - 1 + tree.depth]) + past_len
-        mask = self._attention_mask(n_roots, tree, past_len)
         out = self.decoder(
-            input_ids=ids[None],
-            attention_mask=mask,
+            **{"inputs_embeds" if embeds else "input_ids": inputs},
+            attention_mask=self._attention_mask(n_roots, tree, past_len),
             position_ids=positions[None].to(self.device),
             cache=cache,
             use_cache=True,
         )
-        hidden = out.last_hidden_state[0]
+        kept = n_roots - 1 if embeds else 0
+        hidden = out.last_hidden_state[0, kept:]
         logits = self.lm_head(hidden)
         tokens = self._greedy(logits, label)
+        past_len, n_roots = past_len + kept, n_roots - kept
         if not margins:
             return Verification(past_len, n_roots, tokens, hidden)
         top2 = logits.topk(2, dim=-1).values.float().cpu()

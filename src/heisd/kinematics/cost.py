@@ -3,7 +3,7 @@ lowest expected decoding latency on the hardware at hand.
 
 Expected latency of a mode at kinematic metric F:
 
-    P(target runs | F) * prefill + (E[target passes | F] - P(target runs | F)) * verify[mode]
+    P(target runs | F) * prefill[mode] + (E[target passes | F] - P(target runs | F)) * verify[mode]
       + proposal cost[mode] * (drafter: per verify pass; retrieval: once per step)
 
 - E[target passes | F] (the prefill included; 0 when a prefill skip fires) and P(target runs | F)
@@ -11,7 +11,8 @@ Expected latency of a mode at kinematic metric F:
   every `heisd calibrate` frame in that bin (the order of the frames plays no part) and then
   replaced by what the steps in that bin actually did (a moving window of the latest `window`
   steps; each step displaces one seeded slot, the seed fills at most `window`).
-- The per-piece costs (prefill; one verify pass of each mode's trees, whose sizes differ; one
+- The per-piece costs (each mode's prefill pass, which in retrieval mode also verifies the step's
+  first tree; one verify pass of each mode's trees, whose sizes differ; one
   drafter proposal; one retrieval step's query + trees) are moving medians of what this process
   measures, so the same rule sends slow motions to the drafter on a GPU, where a drafter pass
   costs a fraction of a target pass, and keeps them on retrieval on a CPU, where it does not.
@@ -39,9 +40,10 @@ from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryT
 from heisd.kinematics.switch import Decision, Mode
 
 MODES: tuple[Mode, Mode] = ("retrieval", "drafter")
-_VERIFY = {m: f"verify:{m}" for m in MODES}  # piece names per mode
+_PREFILL = {m: f"prefill:{m}" for m in MODES}  # piece names per mode (retrieval's prefill pass carries its first tree)
+_VERIFY = {m: f"verify:{m}" for m in MODES}
 _PROPOSE = {m: f"propose:{m}" for m in MODES}
-PIECES = ("prefill", *_VERIFY.values(), *_PROPOSE.values())
+PIECES = (*_PREFILL.values(), *_VERIFY.values(), *_PROPOSE.values())
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ class CostAwareSwitch:  # a `Switch`
     def _mode_pieces(self, mode: Mode) -> tuple[float | None, float | None, float | None]:
         """(prefill, one verify pass, one proposal) of `mode`: moving medians."""
         pieces = self._pieces
-        return pieces["prefill"].value, pieces[_VERIFY[mode]].value, pieces[_PROPOSE[mode]].value
+        return pieces[_PREFILL[mode]].value, pieces[_VERIFY[mode]].value, pieces[_PROPOSE[mode]].value
 
     def observe(self, mode: Mode, metric: float | None, result: DecodeResult) -> None:
         """Learn from a decoded step (`DecodeResult`): its passes (in its F bin, when F was
@@ -166,7 +168,7 @@ class CostAwareSwitch:  # a `Switch`
             self._passes[(mode, self._bin(metric))].add(forwards)
         pieces = self._pieces
         if forwards > 0:
-            pieces["prefill"].add(t.prefill_ms)
+            pieces[_PREFILL[mode]].add(t.prefill_ms)
         if forwards > 1:
             pieces[_VERIFY[mode]].add(t.verify_ms / (forwards - 1))
             if mode == "drafter":
@@ -198,14 +200,14 @@ def _expected_ms(
 ) -> float | None:
     """The formula (module docstring) from a bin's passes and the mode's piece costs; None while
     something it needs was never measured (e.g. a bin no calibration frame fell into)."""
-    if not count or prefill is None or proposal is None:
+    if not count or proposal is None:
         return None
     passes, runs = total / count, positive / count  # runs: P(the target runs)
     verifies = max(passes - runs, 0.0)
-    if verify is None and verifies > 0:
+    if (prefill is None and runs > 0) or (verify is None and verifies > 0):
         return None
     proposals = verifies if mode == "drafter" else 1.0  # a drafter pass per verify; one query per step
-    return runs * prefill + verifies * (verify or 0.0) + proposals * proposal
+    return runs * (prefill or 0.0) + verifies * (verify or 0.0) + proposals * proposal
 
 
 def seed_passes(frames: dict[str, list], n_tokens: int) -> dict[Mode, np.ndarray]:

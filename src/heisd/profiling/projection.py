@@ -84,15 +84,22 @@ class PieceCosts:
         """(verification ms, drafter ms) of some verify passes."""
         return sum(self.verify(n) for n, _ in passes), sum(self.proposal(levels) for _, levels in passes if levels)
 
-    def step(self, mode: str, prefill: bool, passes: Sequence[Pass]) -> Priced:
+    def step(self, mode: str, prefill: bool, passes: Sequence[Pass], fused: bool = False) -> Priced:
+        """`fused`: the first of `passes` rode in the prefill pass, priced as what its draft tokens
+        add to a pass (a verification over them less a plain decode step), not as a pass of its own."""
         if mode == "retrieval" and self.query is None:
             raise ValueError("the profile has no 'datastore_query' (profile again with --datastore)")
         verify, draft = self.passes_ms(passes)
+        prefill_ms = self.prefill if prefill else 0.0
+        if fused and passes:  # as the loop times it: the first tree's share is in the prefill pass
+            first = self.verify(passes[0][0])
+            verify -= first
+            prefill_ms += max(first - self.decode_step, 0.0)
         query = 0.0
         if mode == "retrieval":  # a prefill skip queried and built no tree; other steps proposed one
             query = self.retrieval_proposal if prefill and self.retrieval_proposal is not None else self.query
-        forwards = 1 + len(passes) if prefill else 0
-        return Priced(self.vision, self.prefill if prefill else 0.0, verify, draft, query or 0.0, forwards)
+        forwards = len(passes) + (not (fused and passes)) if prefill else 0
+        return Priced(self.vision, prefill_ms, verify, draft, query or 0.0, forwards)
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,8 @@ def _ran_fallback(choices: list, config: dict[str, Any]) -> str:
 def price_recorded(steps: Sequence[RecordedStep], costs: PieceCosts) -> list[ProjectedStep]:
     """Each step as it ran, priced with `costs`, plus its own measured host time."""
     return [ProjectedStep(s.mode, s.fallback, s.host_ms + costs.step(s.mode, s.passes.prefill,
-                                                                     s.passes.passes(s.fallback)).total, s.host_ms)
+                                                                     s.passes.passes(s.fallback), s.passes.fused).total,
+                          s.host_ms)
             for s in steps]
 
 

@@ -66,7 +66,7 @@ def redecide(steps: Sequence[RecordedStep], config: dict[str, Any], costs: Piece
             passes = StepPasses.from_json(options["drafter"])
         else:  # a threshold switch's drafter step: not an option, as it ran
             passes = step.passes
-        priced = costs.step(mode, passes.prefill, passes.passes(fallback))
+        priced = costs.step(mode, passes.prefill, passes.passes(fallback), passes.fused)
         if switch is not None:
             switch.observe(mode, metric, _as_result(priced, n_tokens))  # type: ignore[arg-type]
         out.append(ProjectedStep(mode, fallback, priced.total + step.host_ms, step.host_ms))  # host time as measured

@@ -1,6 +1,6 @@
 """Retrieval-based drafts (docs/design.md §2.3): Top-K demonstration entries -> a sequence-wise group tree.
 
-Per control step, the first `propose` call queries the datastore with the current image
+Per control step, the first `first_draft` or `propose` call queries the datastore with the current image
 feature and hands back one tree whose nodes are whole action groups (xyz | g | xyz' | g').
 The loop verifies it once. After a rejected group (the verify pass emitted the target's own
 token there), a later call of the same step first drafts the rest from the step's retrieved
@@ -8,7 +8,9 @@ sequences that agree with everything emitted so far (`continue_drafts`, ours: no
 no draft model); when none agrees it goes to the fallback proposer (the drafter; None = plain
 AR; or `CostFallback`, the cheapest of several), as in HeiSD. The loop's `begin_step` marks each new control step.
 
-Where drafts start. The prefill already emitted the target's free greedy first token
+Where drafts start. With the fused prefill (the default), the step's first tree covers the whole
+action and the prefill pass verifies it (`first_draft`): the target's first token is checked like
+any other. In the paper's order (`fused_prefill=False`), the prefill already emitted the target's free greedy first token
 (emitted[0], the first position of group 0), so drafts cover positions `state.position`..
 n-1: group 0 enters the tree cut to its remaining positions (y z), and the acceptance rule
 starts a fresh segment at the root's children, so the cut group is judged on y z alone.
@@ -194,6 +196,19 @@ class RetrievalProposer(Proposer):
             self._stats.skipped = self._stats.prefill_skipped = True
         return tokens
 
+    def first_draft(self, context: dict) -> DraftTree | None:
+        """With `config.fused_prefill`: the step's first tree, over the whole action, for the prefill
+        pass to verify (the key comes from the vision pass, so the draft is ready before the target
+        runs). None when fusion is off or nothing was retrieved: the prefill runs alone."""
+        if not self.config.fused_prefill or self._drafted:
+            return None
+        result = self._result if self._result is not None else self._query()
+        if not len(result):
+            return None
+        self._drafted = True
+        proposal = self._first_tree(0, [], result)
+        return proposal.tree if proposal is not None else None
+
     def end_step(self) -> RetrievalStepStats:
         if self.fallback is not None:  # it may time its own turns up to here
             self._stats.choices = list(getattr(self.fallback.end_step(), "choices", []))
@@ -212,12 +227,25 @@ class RetrievalProposer(Proposer):
             return self._fall_back(state)
         self._drafted = True
         result = self._result if self._result is not None else self._query()
-        t1 = time.perf_counter()
-        proposal = self._proposal(state, result) if len(result) else None
-        self._stats.tree_ms = (time.perf_counter() - t1) * 1e3
-        if proposal is None:  # nothing retrieved: this step is the fallback's
+        if not len(result):  # nothing retrieved: this step is the fallback's
             return self._fall_back(state)
-        self._stats.tree_nodes = len(proposal.tree)
+        proposal = self._first_tree(state.position, state.emitted, result, state)
+        return proposal if proposal is not None else self._fall_back(state)
+
+    def _first_tree(self, position: int, emitted: list[int], result: RetrievalResult,
+                    state: DecodeState | None = None) -> Proposal | None:
+        """The step's first proposal from its Top-K (timed): a verify-skip where `state` (the prefill
+        done) allows one, else the group tree of the results that agree with what was emitted."""
+        stats = self._stats
+        t1 = time.perf_counter()
+        stats.top1_similarity = float(result.similarities[0])
+        sequences = self._step_sequences = self.config.sequences(result)
+        proposal = self._verify_skip(state, result, sequences) if state is not None else None
+        if proposal is None:
+            agree = self._agreeing(sequences, emitted)
+            proposal = self._tree(position, sequences[agree if agree.any() else slice(None)])
+            stats.tree_nodes = len(proposal.tree) if proposal is not None else 0
+        stats.tree_ms = (time.perf_counter() - t1) * 1e3
         return proposal
 
     def _fall_back(self, state: DecodeState) -> Proposal | None:
@@ -238,20 +266,19 @@ class RetrievalProposer(Proposer):
         stats.fell_back, stats.collection, stats.n_results = result.fell_back, result.collection, len(result)
         return result
 
-    def _proposal(self, state: DecodeState, result: RetrievalResult) -> Proposal | None:
+    def _verify_skip(self, state: DecodeState, result: RetrievalResult, sequences: np.ndarray) -> Proposal | None:
+        """The paper's adaptive verify-skip of the top-1 draft (None: verify it)."""
+        if self.verify_skip is None:
+            return None
         stats = self._stats
-        stats.top1_similarity = float(result.similarities[0])
-        sequences = self._step_sequences = self.config.sequences(result)
-        if self.verify_skip is not None:
-            skip = self.verify_skip.proposal(state, result.hidden[0], sequences[0], self.vocab)
-            stats.hidden_similarity = self.verify_skip.last_similarity
-            if skip is not None and not self._keeps_gripper(sequences[0]):
-                skip, stats.gripper_veto = None, True
-            if skip is not None:
-                stats.skipped = True
-                return skip
-        agree = self._agreeing(sequences, state.emitted)
-        return self._tree(state, sequences[agree if agree.any() else slice(None)])
+        skip = self.verify_skip.proposal(state, result.hidden[0], sequences[0], self.vocab)
+        stats.hidden_similarity = self.verify_skip.last_similarity
+        if skip is not None and not self._keeps_gripper(sequences[0]):
+            skip, stats.gripper_veto = None, True
+        if skip is not None:
+            stats.skipped = True
+            stats.tree_nodes = len(skip.tree)
+        return skip
 
     def _keeps_gripper(self, sequence: Sequence[int]) -> bool:
         return self.keeps_gripper(sequence, self._context.get("previous_action"))
@@ -273,15 +300,15 @@ class RetrievalProposer(Proposer):
         if not self.config.continue_drafts or self._step_sequences is None:
             return None
         agree = self._agreeing(self._step_sequences, state.emitted)
-        proposal = self._tree(state, self._step_sequences[agree]) if agree.any() else None
+        proposal = self._tree(state.position, self._step_sequences[agree]) if agree.any() else None
         if proposal is not None:
             self._stats.continuations += 1
         return proposal
 
-    def _tree(self, state: DecodeState, sequences: np.ndarray) -> Proposal | None:
+    def _tree(self, position: int, sequences: np.ndarray) -> Proposal | None:
         weights = self.config.rank_decay ** np.arange(len(sequences), dtype=np.float64)
         tree = group_tree(
-            sequences, weights, state.position, self.config.groups, self.config.exact_groups, self.config.node_budget
+            sequences, weights, position, self.config.groups, self.config.exact_groups, self.config.node_budget
         )
         return Proposal(tree) if len(tree) else None
 

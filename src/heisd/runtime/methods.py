@@ -11,6 +11,9 @@ per decoding mode, and how a control step picks its mode.
 | heisd            | group tree (+ skips), group-relaxed    | drafter tree, exact        | kinematic switch    |
 
 Skips: verify-skip (paper) and prefill skip (ours), both calibrated by `heisd calibrate`.
+Fused prefill (ours, default): retrieval mode's first tree is drafted from the vision key and verified
+inside the prefill pass, so it needs no pass of its own and the verify-skip has none to skip (it applies
+with `fused_prefill=False`, the paper's order).
 `lossless`: exact acceptance and no skips in retrieval mode too (AR's tokens).
 `tolerance`: how group-relaxed acceptance bounds a token (`retrieval.config.Tolerance`; "paper": fixed).
 """
@@ -63,6 +66,7 @@ class MethodConfig:
     # or a one-pass depth-1 tree, whichever is expected to cost fewer ms per token, measured online)
     drafter_tree: str = "fixed"
     continuation: bool = default_of(RetrievalConfig, "continue_drafts")  # after a rejection, draft the rest
+    fused_prefill: bool = default_of(RetrievalConfig, "fused_prefill")  # the first retrieval tree verified in the prefill
     gripper_guard: bool = default_of(RetrievalConfig, "gripper_guard")  # skips never move the gripper
     verify_skip: bool = True  # adaptive verify-skip (retrieval mode)
     prefill_skip: bool = True  # ours: skip the target altogether on a close image key (retrieval mode)
@@ -121,6 +125,8 @@ class MethodConfig:
                     parts.append(f"tol:{self.tolerance}")
             if not self.continuation:
                 parts.append("no-continuation")
+            if not self.fused_prefill:
+                parts.append("no-fuse")
             if self.retrieval_fallback != default_of(MethodConfig, "retrieval_fallback"):
                 parts.append(f"{self.retrieval_fallback}-fallback")
         if self.method == "heisd" and self.switch == "threshold":
@@ -217,6 +223,7 @@ def retrieval_config(cfg: MethodConfig, target) -> RetrievalConfig:
     return RetrievalConfig.for_action(spec.action_dim, spec.chunk, k=cfg.retrieval_k,
                                       node_budget=cfg.retrieval_budget, payload=cfg.payload,
                                       continue_drafts=cfg.continuation, gripper_guard=cfg.gripper_guard,
+                                      fused_prefill=cfg.fused_prefill,
                                       tolerance=Tolerance.parse(cfg.tolerance))
 
 

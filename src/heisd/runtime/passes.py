@@ -1,6 +1,7 @@
 """What one control step did, pass by pass, in the terms a projection prices (docs/design.md §5.3).
 
-A step is the prefill (or none: a prefill skip) and its verify passes. A pass is priced by the
+A step is the prefill (or none: a prefill skip) and its verify passes; a fused step's first
+verify pass rode in its prefill pass (retrieval's first tree, `Verifier.prefill_verify`). A pass is priced by the
 draft tokens it verified and the drafter passes its proposal ran: 0 for retrieval's group trees,
 Jacobi chains and plain AR passes; for a drafter tree one per level, min(depth, tokens left),
 as `DrafterProposer` runs them. In retrieval mode the step's last passes may be the fallback's,
@@ -26,6 +27,7 @@ class StepPasses:
     head: tuple[Pass, ...]  # verify passes before the fallback took over (all of them if it never did)
     tokens_left: int = 0  # tokens the fallback had to emit (0: it never took over)
     fallbacks: Mapping[str, tuple[Pass, ...]] = field(default_factory=dict)  # per fallback option: its passes
+    fused: bool = False  # head[0] was verified inside the prefill pass (no target pass of its own)
 
     def passes(self, fallback: str | None) -> tuple[Pass, ...]:
         """The step's verify passes with `fallback` finishing it (None or no fallback needed: the head)."""
@@ -37,7 +39,7 @@ class StepPasses:
 
     def to_json(self) -> dict[str, Any]:
         return {"prefill": self.prefill, "head": [list(p) for p in self.head], "tokens_left": self.tokens_left,
-                "fallbacks": {k: [list(p) for p in v] for k, v in self.fallbacks.items()}}
+                "fallbacks": {k: [list(p) for p in v] for k, v in self.fallbacks.items()}, "fused": self.fused}
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> StepPasses:
@@ -45,15 +47,16 @@ class StepPasses:
             return tuple((int(n), int(d)) for n, d in rows)
 
         return cls(bool(record["prefill"]), passes(record["head"]), int(record.get("tokens_left", 0)),
-                   {k: passes(v) for k, v in record.get("fallbacks", {}).items()})
+                   {k: passes(v) for k, v in record.get("fallbacks", {}).items()}, bool(record.get("fused", False)))
 
 
 def pass_costs(accepted: Sequence[int], depths: Sequence[int], sizes: Sequence[int], drafted: Sequence[bool],
-               tree_depth: int, n_tokens: int, cost_tree: bool = False) -> list[Pass]:
+               tree_depth: int, n_tokens: int, cost_tree: bool = False, fused: bool = False) -> list[Pass]:
     """(nodes, drafter passes) per verify pass. `drafted[i]`: pass i checked a drafter tree. A
     drafter tree of depth 1 under `cost_tree` is the rule's one-pass tree; any other ran
-    min(tree_depth, tokens left) drafter passes, whatever depth the kept nodes reach."""
-    out, emitted = [], 1  # the prefill emitted the first token
+    min(tree_depth, tokens left) drafter passes, whatever depth the kept nodes reach. `fused`: the
+    first pass is the prefill's (nothing emitted before it)."""
+    out, emitted = [], 0 if fused else 1  # a plain prefill emitted the first token
     for a, d, n, by_drafter in zip(accepted, depths, sizes, drafted, strict=True):
         levels = 0 if not (by_drafter and d) else 1 if (cost_tree and d == 1) else min(tree_depth, n_tokens - emitted)
         out.append((int(n), int(levels)))
@@ -72,21 +75,22 @@ def split_step(mode: str, forwards: int, accepted: Sequence[int], depths: Sequen
     configured tree budgets, a Jacobi chain as deep as it is long). `fallback_option`: the
     fallback that ran (a drafter fallback's passes run the drafter)."""
     verifies = len(accepted)
-    if verifies != max(forwards - 1, 0) or len(depths) != verifies:
+    fused = forwards > 0 and verifies == forwards  # the prefill pass verified the first tree
+    if (verifies != max(forwards - 1, 0) and not fused) or len(depths) != verifies:
         raise ValueError(f"a step with {forwards} target passes lists {verifies} accepted and {len(depths)} depths")
     if fallback is None:  # older runs: the first pass was retrieval's tree, the rest the fallback's
         tail = max(verifies - 1, 0) if mode == "retrieval" else 0
-        fallback = (tail, n_tokens - 1 - sum(a + 1 for a in accepted[: verifies - tail]) if tail else 0)
+        fallback = (tail, n_tokens - (not fused) - sum(a + 1 for a in accepted[: verifies - tail]) if tail else 0)
     tail, tokens_left = (fallback if mode == "retrieval" else (0, 0))
     by_drafter = [_drafter_made(mode, i >= verifies - tail, fallback_option, config) for i in range(verifies)]
     if sizes is None:
         sizes = [_estimated_size(mode, d, i >= verifies - tail, drafter, fallback_option, config)
                  for i, (d, drafter) in enumerate(zip(depths, by_drafter, strict=True))]
     passes = pass_costs(accepted, depths, sizes, by_drafter, int(config["tree_depth"]), n_tokens,
-                        config.get("drafter_tree") == "cost")
+                        config.get("drafter_tree") == "cost", fused)
     head, rest = tuple(passes[: verifies - tail]), tuple(passes[verifies - tail :])
     option = fallback_option or str(config.get("retrieval_fallback", "ar"))
-    return StepPasses(forwards > 0, head, tokens_left if tail else 0, {option: rest} if tail else {})
+    return StepPasses(forwards > 0, head, tokens_left if tail else 0, {option: rest} if tail else {}, fused)
 
 
 def _drafter_made(mode: str, in_fallback: bool, fallback_option: str | None, config: Mapping[str, Any]) -> bool:
