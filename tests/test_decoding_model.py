@@ -425,7 +425,7 @@ def test_decoder_rejects_groups_of_another_action_size():
        warm=st.sampled_from(["none", "exact", "noisy"]))
 def test_jacobi_decoding_is_ar(seed, prefix_len, n, warm):
     """PD-VLA's Jacobi iterations with exact acceptance return AR's tokens, warm-started or not,
-    and a correct warm start needs a single pass after the prefill."""
+    and a correct warm start needs no pass but the prefill, which verifies it."""
     model, embeds = tiny_target(seed), prefix(seed, prefix_len)
     config = DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)
     ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
@@ -434,9 +434,9 @@ def test_jacobi_decoding_is_ar(seed, prefix_len, n, warm):
     result = decoder.decode(embeds, {"previous_action": previous})
     assert result.tokens == ar.tokens
     assert result.target_forwards <= ar.target_forwards
-    assert result.proposer_stats.iterations == result.target_forwards - 1
-    if warm == "exact" and n > 1 and all(ACTIONS.is_action(t) for t in ar.tokens[1:]):
-        assert result.target_forwards == 2  # (acceptance never keeps a non-action draft token)
+    assert result.proposer_stats.iterations == result.target_forwards - (previous is None)
+    if warm == "exact" and all(ACTIONS.is_action(t) for t in ar.tokens):
+        assert result.target_forwards == 1  # (acceptance never keeps a non-action draft token)
 
 
 def test_jacobi_next_guess_is_the_targets_output_on_the_previous_guess():
@@ -446,7 +446,7 @@ def test_jacobi_next_guess_is_the_targets_output_on_the_previous_guess():
     config = DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)
     ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
     proposer, chains = JacobiProposer(), []
-    propose = proposer.propose
+    propose, first_draft = proposer.propose, proposer.first_draft
 
     def recording(state):
         proposal = propose(state)
@@ -454,10 +454,15 @@ def test_jacobi_next_guess_is_the_targets_output_on_the_previous_guess():
             chains.append((list(state.emitted), proposal.tree.tokens.tolist()))
         return proposal
 
-    proposer.propose = recording
+    def recording_first(context):  # the warm start, verified in the prefill pass
+        tree = first_draft(context)
+        chains.append(([], tree.tokens.tolist()))
+        return tree
+
+    proposer.propose, proposer.first_draft = recording, recording_first
     noisy = [min(t + 3, VOCAB - 1) for t in ar.tokens]
     SpeculativeDecoder(Verifier(model), config, proposer, ExactAcceptance()).decode(embeds, {"previous_action": noisy})
-    assert len(chains) >= 2 and chains[0][1] == noisy[1:]
+    assert len(chains) >= 2 and chains[0] == ([], noisy)
     for (emitted, chain), (emitted_next, chain_next) in zip(chains, chains[1:]):
         start = len(emitted)
         for i, token in enumerate(chain_next):

@@ -8,7 +8,8 @@ Each iteration is one target pass, so the worst case is AR's pass count; the res
 tokens exactly. No draft model, no training.
 
 The first guess of a control step is the previous step's action (`context["previous_action"]`,
-ours: consecutive actions of a smooth motion are alike); the episode's first step guesses the
+ours: consecutive actions of a smooth motion are alike), verified inside the prefill pass (ours,
+`first_draft`: it is known before the target runs); the episode's first step guesses the
 prefill's token repeated.
 """
 
@@ -23,7 +24,7 @@ from heisd.decoding.tree import DraftTree
 
 @dataclass
 class JacobiStepStats:
-    iterations: int = 0  # chains proposed (target passes after the prefill)
+    iterations: int = 0  # chains proposed (the warm start's rides in the prefill pass)
     warm_start: bool = False  # the first guess came from the previous action
 
 
@@ -48,6 +49,12 @@ class JacobiProposer(Proposer):
         start = outcome.position + len(outcome.accepted) + 1
         for i, token in enumerate(outcome.target_next[len(outcome.accepted) + 1 :].tolist()):
             self._guess[start + i] = int(token)
+
+    def first_draft(self, context: dict[str, Any]) -> DraftTree | None:
+        if self._previous is None:
+            return None
+        self._stats.iterations += 1
+        return DraftTree.chain(self._previous)
 
     def propose(self, state: DecodeState) -> Proposal | None:
         start, n = state.position, state.n_tokens
