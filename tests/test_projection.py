@@ -48,6 +48,10 @@ def test_a_fused_step_prices_its_first_tree_inside_the_prefill() -> None:
         2 + 0.25 + 10 + 2.0 + 4 * 3)
     with pytest.raises(ValueError, match="target passes"):
         split_step("retrieval", 2, [1, 1, 1], [8, 1, 1], [20, 1, 1], (0, 0), None, CONFIG, 8)
+    # a profile that timed the fused prefill (a 32-node tree) prices the tree's share from it
+    timed = PieceCosts.from_profile({**PROFILE, "fused_prefill_nodes": 32,
+                                     "pieces_ms": {**PROFILE["pieces_ms"], "fused_prefill": {"median_ms": 12.0}}})
+    assert timed.fused_extra(16) == pytest.approx(1.0) and COSTS.fused_extra(16) == pytest.approx(COSTS.verify(16) - 3)
 
 
 def test_step_costs_by_hand() -> None:

@@ -1,6 +1,7 @@
 """The pieces of one control step, timed on the target as the decode loop runs them.
 
-vision (frame -> prefix embeddings + retrieval key), prefill, one decode step (an empty
+vision (frame -> prefix embeddings + retrieval key), prefill, the fused prefill (the prefill pass
+verifying a retrieval-budget tree, `Verifier.prefill_verify`), one decode step (an empty
 tree: what AR does per token), one verification pass over draft trees of several sizes,
 one drafter pass and one whole drafter proposal (its passes and its tree choice), one
 datastore query and one retrieval proposal (the query and its group tree). Every LLM piece goes through the project's
@@ -73,8 +74,10 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
     work["prefill"] = (lambda: verifier.prefill(prefix), None)
     pre = verifier.prefill(prefix)
     root = [pre.token]
-    work["decode_step"] = (lambda: verifier.verify(pre.cache, root, DraftTree.empty()), lambda _: pre.cache.crop(-1))
     first_action = ActionVocab(spec.vocab_size, spec.n_bins).first_id
+    fused = branching_tree(RetrievalConfig.node_budget, config.tree_branching, first_action, spec.n_bins)
+    work["fused_prefill"] = (lambda: verifier.prefill_verify(prefix, fused), None)
+    work["decode_step"] = (lambda: verifier.verify(pre.cache, root, DraftTree.empty()), lambda _: pre.cache.crop(-1))
     for n in config.tree_sizes:
         tree = branching_tree(n, config.tree_branching, first_action, spec.n_bins)
         work[f"tree_verify/{n}"] = (lambda tree=tree: verifier.verify(pre.cache, root, tree),
@@ -116,6 +119,7 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         "spec": asdict(spec), "prefix_len": int(prefix.shape[1]), "key_dim": int(key.shape[1]),
         "llm_parameters": sum(p.numel() for p in llm.parameters()),
         "tree_shape": f"{config.tree_branching}-ary, breadth first, action-token drafts",
+        "fused_prefill_nodes": RetrievalConfig.node_budget,
         "drafter_tree": asdict(config.tree),
         "repeats": config.repeats, "warmup": config.warmup, "rounds": min(config.rounds, config.repeats),
         "pieces_ms": pieces,

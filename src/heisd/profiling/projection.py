@@ -12,7 +12,8 @@ Two projections per method:
 A step costs vision, in retrieval mode its proposal (the query and the group tree; a prefill skip
 the query alone), the prefill unless it was skipped, and per verify pass the verification of its
 draft tokens (linear between the profiled tree sizes; no draft is a decode step) plus its drafter
-proposal (the profiled proposal less the levels it did not run).
+proposal (the profiled proposal less the levels it did not run). A fused step's first tree rode in
+its prefill pass: it adds its share of the profiled fused prefill's extra cost over the prefill.
 
 Plus the step's **host time** (`host_ms`), carried over per step as the run measured it: the time
 the run spent outside the profiled pieces, which is Python/host bookkeeping that does not change
@@ -54,6 +55,8 @@ class PieceCosts:
     drafter_proposal: float | None = None  # a proposal of `proposal_depth` levels, its tree choice included
     proposal_depth: int = 0
     retrieval_proposal: float | None = None  # the query and the group tree
+    fused_prefill: float | None = None  # the prefill pass verifying a tree of `fused_nodes` nodes
+    fused_nodes: int = 0
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> PieceCosts:
@@ -62,7 +65,16 @@ class PieceCosts:
         tree = tuple(sorted((int(n), float(v["median_ms"])) for n, v in pieces.get("tree_verify", {}).items()))
         depth = int(profile.get("drafter_tree", {}).get("depth", 0))
         return cls(ms("vision"), ms("prefill"), ms("decode_step"), tree, ms("drafter_pass"), ms("datastore_query"),
-                   ms("drafter_proposal") if depth else None, depth, ms("retrieval_proposal"))
+                   ms("drafter_proposal") if depth else None, depth, ms("retrieval_proposal"),
+                   ms("fused_prefill"), int(profile.get("fused_prefill_nodes", 0)))
+
+    def fused_extra(self, nodes: int) -> float:
+        """What a tree of `nodes` draft tokens adds to the prefill pass that verifies it: linear in
+        the nodes from the profiled fused prefill; without one (older profiles), a verification
+        pass over them less a plain decode step."""
+        if self.fused_prefill is not None and self.fused_nodes:
+            return max(self.fused_prefill - self.prefill, 0.0) * nodes / self.fused_nodes
+        return max(self.verify(nodes) - self.decode_step, 0.0)
 
     def proposal(self, levels: int) -> float:
         """One drafter proposal of `levels` passes: the profiled proposal less the passes it ran
@@ -86,15 +98,14 @@ class PieceCosts:
 
     def step(self, mode: str, prefill: bool, passes: Sequence[Pass], fused: bool = False) -> Priced:
         """`fused`: the first of `passes` rode in the prefill pass, priced as what its draft tokens
-        add to a pass (a verification over them less a plain decode step), not as a pass of its own."""
+        add to that pass (`fused_extra`), not as a pass of its own."""
         if mode == "retrieval" and self.query is None:
             raise ValueError("the profile has no 'datastore_query' (profile again with --datastore)")
         verify, draft = self.passes_ms(passes)
         prefill_ms = self.prefill if prefill else 0.0
         if fused and passes:  # as the loop times it: the first tree's share is in the prefill pass
-            first = self.verify(passes[0][0])
-            verify -= first
-            prefill_ms += max(first - self.decode_step, 0.0)
+            verify -= self.verify(passes[0][0])
+            prefill_ms += self.fused_extra(passes[0][0])
         query = 0.0
         if mode == "retrieval":  # a prefill skip queried and built no tree; other steps proposed one
             query = self.retrieval_proposal if prefill and self.retrieval_proposal is not None else self.query
