@@ -225,11 +225,28 @@ class SpeculativeDecoder:
         stats = self.proposer.end_step() if self.proposer is not None else None
         total_ms = (self._now() - start) * 1e3
         timing.other_ms = total_ms - timing.prefill_ms - timing.draft_ms - timing.verify_ms
-        return DecodeResult(emitted[:n], forwards, passes.accepted, passes.depths, skipped, passes.deviation,
-                            timing, stats, passes.sizes)
+        return DecodeResult(
+            emitted[:n],
+            forwards,
+            passes.accepted,
+            passes.depths,
+            skipped,
+            passes.deviation,
+            timing,
+            stats,
+            passes.sizes,
+        )
 
-    def _accept(self, tree: DraftTree, verification: Verification, cache: DynamicCache, emitted: list[int],
-                n_pending: int, context: dict[str, Any], passes: _Passes) -> tuple[list[int], torch.Tensor]:
+    def _accept(
+        self,
+        tree: DraftTree,
+        verification: Verification,
+        cache: DynamicCache,
+        emitted: list[int],
+        n_pending: int,
+        context: dict[str, Any],
+        passes: _Passes,
+    ) -> tuple[list[int], torch.Tensor]:
         """What a verify pass over `tree` (drafts from position len(emitted)) makes of it: the emitted
         tokens after it (accepted drafts, then the target's bonus token) and the lm_head inputs of the
         pass's kept rows (its roots, then the accepted path); the cache keeps the same rows."""

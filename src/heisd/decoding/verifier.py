@@ -115,7 +115,13 @@ class Verifier:
         return self._tree_pass(cache, ids[None], len(roots), tree, label, margins)
 
     def _tree_pass(
-        self, cache: DynamicCache, inputs: torch.Tensor, n_roots: int, tree: DraftTree, label: str, margins: bool,
+        self,
+        cache: DynamicCache,
+        inputs: torch.Tensor,
+        n_roots: int,
+        tree: DraftTree,
+        label: str,
+        margins: bool,
         embeds: bool = False,
     ) -> Verification:
         """One forward over [roots, tree nodes] (ids [1, R+N], or embeddings [1, R+N, d] with ``embeds``)

@@ -10,9 +10,9 @@ AR; or `CostFallback`, the cheapest of several), as in HeiSD. The loop's `begin_
 
 Where drafts start. With the fused prefill (the default), the step's first tree covers the whole
 action and the prefill pass verifies it (`first_draft`): the target's first token is checked like
-any other. In the paper's order (`fused_prefill=False`), the prefill already emitted the target's free greedy first token
-(emitted[0], the first position of group 0), so drafts cover positions `state.position`..
-n-1: group 0 enters the tree cut to its remaining positions (y z), and the acceptance rule
+any other. In the paper's order (`fused_prefill=False`), the prefill already emitted the
+target's free greedy first token (emitted[0], the first position of group 0), so drafts cover
+positions `state.position`..n-1: group 0 enters the tree cut to its remaining positions (y z), and the acceptance rule
 starts a fresh segment at the root's children, so the cut group is judged on y z alone.
 A retrieved sequence whose own tokens at the emitted positions disagree with them (beyond
 the acceptance rule's per-token bound) most likely continues another motion: such results
@@ -232,8 +232,9 @@ class RetrievalProposer(Proposer):
         proposal = self._first_tree(state.position, state.emitted, result, state)
         return proposal if proposal is not None else self._fall_back(state)
 
-    def _first_tree(self, position: int, emitted: list[int], result: RetrievalResult,
-                    state: DecodeState | None = None) -> Proposal | None:
+    def _first_tree(
+        self, position: int, emitted: list[int], result: RetrievalResult, state: DecodeState | None = None
+    ) -> Proposal | None:
         """The step's first proposal from its Top-K (timed): a verify-skip where `state` (the prefill
         done) allows one, else the group tree of the results that agree with what was emitted."""
         stats = self._stats
