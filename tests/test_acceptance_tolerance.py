@@ -24,7 +24,7 @@ def tok(b: int) -> int:
 
 def promised_bound(tol: Tolerance, pos: int, target_bin: int, margin: float, fine: bool) -> int:
     """The token bound as `Tolerance` documents it, written out independently of the rule."""
-    if any(pos in GROUPS[k] for k in EXACT_GROUPS):
+    if pos == 0 or any(pos in GROUPS[k] for k in EXACT_GROUPS):  # the first token is always the target's
         return 0
     if tol.max_margin is not None and margin > tol.max_margin:
         return 0

@@ -9,11 +9,13 @@ no draft model); when none agrees it goes to the fallback proposer (the drafter;
 AR; or `CostFallback`, the cheapest of several), as in HeiSD. The loop's `begin_step` marks each new control step.
 
 Where drafts start. With the fused prefill (the default), the step's first tree covers the whole
-action and the prefill pass verifies it (`first_draft`): the target's first token is checked like
-any other. In the paper's order (`fused_prefill=False`), the prefill already emitted the
-target's free greedy first token (emitted[0], the first position of group 0), so drafts cover
-positions `state.position`..n-1: group 0 enters the tree cut to its remaining positions (y z), and the acceptance rule
-starts a fresh segment at the root's children, so the cut group is judged on y z alone.
+action and the prefill pass verifies it (`first_draft`); its first token must equal the target's
+own (the acceptance rules keep position 0 exact, as the paper's prefill emits it), and when it
+does not, the tree the paper's order verifies first follows (`_retry_first`). In the paper's
+order (`fused_prefill=False`), the prefill already emitted the target's free greedy first token
+(emitted[0], the first position of group 0), so drafts cover positions `state.position`..n-1:
+group 0 enters the tree cut to its remaining positions (y z), and the acceptance rule starts a
+fresh segment at the root's children, so the cut group is judged on y z alone.
 A retrieved sequence whose own tokens at the emitted positions disagree with them (beyond
 the acceptance rule's per-token bound) most likely continues another motion: such results
 are dropped when at least one consistent result exists, kept otherwise (their later groups
@@ -129,6 +131,7 @@ class RetrievalStepStats:
     prefill_skipped: bool = False  # ... and with no prefill either (the target did not run)
     hidden_similarity: float | None = None  # verify-skip's cosine similarity (None: skip off)
     continuations: int = 0  # later trees of this step drawn from the agreeing retrieved sequences
+    first_retry: bool = False  # the fused tree kept nothing: the paper's first tree was drawn after it
     gripper_veto: bool = False  # the guard refused a skip (the draft moves the gripper, or no previous action)
     choices: list[CostChoice] = field(default_factory=list)  # the fallback's cost-rule choices this step
     fallback_from: int | None = None  # tokens emitted when the fallback took over (None: it never did)
@@ -170,6 +173,7 @@ class RetrievalProposer(Proposer):
         self._context = context  # this step's query key and task
         self._result: RetrievalResult | None = None  # this step's Top-K, once queried
         self._drafted = False  # the step's first tree was proposed: later calls continue or fall back
+        self._missed_first = False  # the fused tree kept no token (its first token was not the target's)
         self._delegated = False  # the latest proposal was the fallback's (its outcome is the fallback's)
         self._step_sequences: np.ndarray | None = None  # this step's retrieved draft sequences
         self._stats = RetrievalStepStats()
@@ -217,11 +221,13 @@ class RetrievalProposer(Proposer):
     def observe(self, outcome: Outcome) -> None:
         if self._delegated and self.fallback is not None:
             self.fallback.observe(outcome)
+        elif outcome.position == 0 and not outcome.accepted:
+            self._missed_first = True
 
     def propose(self, state: DecodeState) -> Proposal | None:
         self._delegated = False
         if self._drafted:
-            proposal = self._continuation(state)
+            proposal = self._retry_first(state) if self._missed_first else self._continuation(state)
             if proposal is not None:
                 return proposal
             return self._fall_back(state)
@@ -295,6 +301,17 @@ class RetrievalProposer(Proposer):
         closed = lambda token: self.vocab.bin(int(token)) >= self.vocab.n_bins // 2  # noqa: E731
         state = closed(previous[self._grippers[-1]])
         return all(closed(sequence[p]) == state for p in self._grippers)
+
+    def _retry_first(self, state: DecodeState) -> Proposal | None:
+        """The fused tree kept nothing, so the first token is now the target's own: the tree the paper's
+        order would have verified first (the results agreeing with that token), continuation or not."""
+        self._missed_first = False
+        if self._step_sequences is None:
+            return None
+        agree = self._agreeing(self._step_sequences, state.emitted)
+        proposal = self._tree(state.position, self._step_sequences[agree if agree.any() else slice(None)])
+        self._stats.first_retry = proposal is not None
+        return proposal
 
     def _continuation(self, state: DecodeState) -> Proposal | None:
         """After a rejection: a tree from the step's sequences that agree with all emitted tokens."""
