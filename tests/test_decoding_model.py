@@ -425,18 +425,19 @@ def test_decoder_rejects_groups_of_another_action_size():
        warm=st.sampled_from(["none", "exact", "noisy"]))
 def test_jacobi_decoding_is_ar(seed, prefix_len, n, warm):
     """PD-VLA's Jacobi iterations with exact acceptance return AR's tokens, warm-started or not,
-    and a correct warm start needs no pass but the prefill, which verifies it."""
+    and a correct warm start needs a single pass after the prefill, or none when the prefill verifies it."""
     model, embeds = tiny_target(seed), prefix(seed, prefix_len)
     config = DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)
     ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
     previous = {"none": None, "exact": ar.tokens, "noisy": [min(t + 1, VOCAB - 1) for t in ar.tokens]}[warm]
-    decoder = SpeculativeDecoder(Verifier(model), config, JacobiProposer(), ExactAcceptance())
-    result = decoder.decode(embeds, {"previous_action": previous})
-    assert result.tokens == ar.tokens
-    assert result.target_forwards <= ar.target_forwards
-    assert result.proposer_stats.iterations == result.target_forwards - (previous is None)
-    if warm == "exact" and all(ACTIONS.is_action(t) for t in ar.tokens):
-        assert result.target_forwards == 1  # (acceptance never keeps a non-action draft token)
+    for fused in (False, True):
+        decoder = SpeculativeDecoder(Verifier(model), config, JacobiProposer(fused), ExactAcceptance())
+        result = decoder.decode(embeds, {"previous_action": previous})
+        assert result.tokens == ar.tokens
+        assert result.target_forwards <= ar.target_forwards
+        assert result.proposer_stats.iterations == result.target_forwards - (previous is None or not fused)
+        if warm == "exact" and all(ACTIONS.is_action(t) for t in ar.tokens):
+            assert result.target_forwards == (1 if fused else min(n, 2))  # (acceptance keeps no non-action draft)
 
 
 def test_jacobi_next_guess_is_the_targets_output_on_the_previous_guess():
@@ -445,7 +446,7 @@ def test_jacobi_next_guess_is_the_targets_output_on_the_previous_guess():
     model, embeds, n = tiny_target(0), prefix(0, 4), 8
     config = DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)
     ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
-    proposer, chains = JacobiProposer(), []
+    proposer, chains = JacobiProposer(fused=True), []
     propose, first_draft = proposer.propose, proposer.first_draft
 
     def recording(state):

@@ -69,15 +69,15 @@ def test_exact_methods_give_the_ar_tokens(run, method, flags):
 
 
 def test_retrieval_on_stored_frames_drafts_the_whole_action(run):
-    """Frames the datastore holds retrieve the target's own tokens: all 7 accepted in the prefill pass
-    that verifies them (one target forward); in the paper's order, the prefill's token, then the 6
-    drafted ones in one verification pass (2 target forwards)."""
+    """Frames the datastore holds retrieve the target's own tokens: the prefill's token, then the 6
+    drafted ones in one verification pass (2 target forwards); fused, all 7 accepted in the prefill
+    pass that verifies them (one target forward)."""
     result = replay(run, "retrieval", "--lossless", demos="train")
     assert result["token_mismatch_rate"] == 0.0
-    assert result["target_forwards"] == 1.0 and result["tokens_per_forward"] == 7.0
-    result = replay(run, "retrieval", "--lossless", "--no-fused-prefill", demos="train")
-    assert result["token_mismatch_rate"] == 0.0
     assert result["target_forwards"] == 2.0 and result["tokens_per_forward"] == 3.5
+    result = replay(run, "retrieval", "--lossless", "--fused-prefill", demos="train")
+    assert result["token_mismatch_rate"] == 0.0
+    assert result["target_forwards"] == 1.0 and result["tokens_per_forward"] == 7.0
 
 
 @pytest.mark.parametrize("method", ["specvla-relaxed", "retrieval", "heisd"])

@@ -93,9 +93,10 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-continuation", action="store_true",
                    help="ablation: after a rejected retrieval group, go straight to the fallback instead of "
                         "drafting the rest from the retrieved sequences that agree with what was emitted")
-    p.add_argument("--no-fused-prefill", action="store_true",
-                   help="ablation: verify the first retrieval draft in a pass of its own after the prefill (the "
-                        "paper's order; the verify-skip applies there) instead of inside the prefill pass")
+    p.add_argument("--fused-prefill", action="store_true",
+                   help="verify the first retrieval draft (and Jacobi's warm start) inside the prefill pass instead "
+                        "of in a pass of its own after it (ours; the verify-skip then has no pass to skip); pays "
+                        "where a pass costs about the same whatever its tokens (a GPU), not on a small CPU target")
     p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
     p.add_argument("--tolerance", default=d("tolerance"), metavar="SPEC", help=TOLERANCE_HELP)
 
@@ -149,7 +150,7 @@ def _method_config(args: argparse.Namespace, method: str | None = None, **overri
         tree_topk=args.tree_topk, tree_depth=args.tree_depth, tree_budget=args.tree_budget,
         retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
         retrieval_fallback=args.retrieval_fallback, drafter_tree=args.drafter_tree,
-        continuation=not args.no_continuation, fused_prefill=not args.no_fused_prefill,
+        continuation=not args.no_continuation, fused_prefill=args.fused_prefill,
         group_acceptance=not args.no_group_acceptance, tolerance=args.tolerance,
     )
     optional = dict(relaxed_r="relaxed_r", verify_skip="no_verify_skip", prefill_skip="no_prefill_skip",

@@ -8,8 +8,8 @@ Each iteration is one target pass, so the worst case is AR's pass count; the res
 tokens exactly. No draft model, no training.
 
 The first guess of a control step is the previous step's action (`context["previous_action"]`,
-ours: consecutive actions of a smooth motion are alike), verified inside the prefill pass (ours,
-`first_draft`: it is known before the target runs); the episode's first step guesses the
+ours: consecutive actions of a smooth motion are alike), with `fused` verified inside the prefill
+pass (`first_draft`: it is known before the target runs); the episode's first step guesses the
 prefill's token repeated.
 """
 
@@ -24,12 +24,13 @@ from heisd.decoding.tree import DraftTree
 
 @dataclass
 class JacobiStepStats:
-    iterations: int = 0  # chains proposed (the warm start's rides in the prefill pass)
+    iterations: int = 0  # chains proposed (a fused warm start's rides in the prefill pass)
     warm_start: bool = False  # the first guess came from the previous action
 
 
 class JacobiProposer(Proposer):
-    def __init__(self) -> None:
+    def __init__(self, fused: bool = False) -> None:
+        self.fused = fused  # the warm start is verified inside the prefill pass (`first_draft`)
         self._previous: list[int] | None = None  # this step's warm start
         self._guess: dict[int, int] = {}  # action position -> current guess
         self._stats = JacobiStepStats()
@@ -51,7 +52,7 @@ class JacobiProposer(Proposer):
             self._guess[start + i] = int(token)
 
     def first_draft(self, context: dict[str, Any]) -> DraftTree | None:
-        if self._previous is None:
+        if not self.fused or self._previous is None:
             return None
         self._stats.iterations += 1
         return DraftTree.chain(self._previous)

@@ -104,10 +104,12 @@ class RetrievalConfig:
     rank_decay: float = 0.7  # weight of the r-th retrieved sequence is rank_decay**r (votes add up; untuned)
     continue_drafts: bool = True  # after a rejection, draft the rest from the agreeing retrieved sequences
     gripper_guard: bool = True  # safe skips: a draft that opens or closes the gripper is verified, never skipped
-    # ours: the step's first tree is drafted from the vision key before the target runs and verified
-    # inside the prefill pass (one target pass for prefill + verify); off: the paper's order, a verify
-    # pass after the prefill, where the verify-skip (it needs the prefill's hidden state) can apply
-    fused_prefill: bool = True
+    # ours, opt-in: the step's first tree is drafted from the vision key before the target runs and
+    # verified inside the prefill pass (one target pass for prefill + verify). Off (the paper's order):
+    # a verify pass after the prefill, where the verify-skip (it needs the prefill's hidden state) can
+    # apply. On this CPU the tree's tokens cost the prefill pass about what the pass they save costs
+    # (BENCHMARKS 14); where a pass's cost is mostly fixed (a GPU's memory-bound decode) it saves one
+    fused_prefill: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", tuple(tuple(int(p) for p in g) for g in self.groups))

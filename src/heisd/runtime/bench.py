@@ -6,7 +6,7 @@ fixed-threshold switch: metric only (retrieval drafts checked exactly, never ski
 and the cost-aware switch, lossless and with every mechanism; beside them retrieval and HeiSD
 with plain AR after a rejected group, HeiSD whose drafter tree the cost rule picks, and HeiSD with
 the paper's fixed acceptance tolerance (the paper's rungs keep it too), and HeiSD whose first
-retrieval tree is verified after the prefill, not inside it (the paper's rungs run that order too).
+retrieval tree is verified inside the prefill pass (ours, opt-in).
 """
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
     plain = _every_mechanism(base)
     configs = [replace(plain, method=m) for m in ("ar", "jacobi", "specvla", "specvla-relaxed", "retrieval")]
     configs.append(replace(plain, method="retrieval", lossless=True))
-    # the paper's rule throughout, and its order: the first retrieval tree verified after the prefill
-    paper = replace(plain, method="heisd", switch="threshold", tolerance="paper", fused_prefill=False)
+    paper = replace(plain, method="heisd", switch="threshold", tolerance="paper")  # the paper's rule throughout
     configs += [
         replace(paper, lossless=True),  # the paper's "metric only" rung
         replace(paper, group_acceptance=False, prefill_skip=False),  # + verify-skip
@@ -66,7 +65,7 @@ def ladder(base: MethodConfig) -> list[MethodConfig]:
                 replace(plain, method="heisd", retrieval_fallback="ar"),
                 replace(plain, method="heisd", drafter_tree="cost"),
                 replace(plain, method="heisd", tolerance="paper"),
-                replace(plain, method="heisd", fused_prefill=False)]
+                replace(plain, method="heisd", fused_prefill=True)]
     for config in variants:
         if config.label not in {c.label for c in configs}:
             configs.append(config)

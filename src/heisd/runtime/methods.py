@@ -11,9 +11,8 @@ per decoding mode, and how a control step picks its mode.
 | heisd            | group tree (+ skips), group-relaxed    | drafter tree, exact        | kinematic switch    |
 
 Skips: verify-skip (paper) and prefill skip (ours), both calibrated by `heisd calibrate`.
-Fused prefill (ours, default): retrieval mode's first tree is drafted from the vision key and verified
-inside the prefill pass, so it needs no pass of its own and the verify-skip has none to skip (it applies
-with `fused_prefill=False`, the paper's order).
+Fused prefill (ours, opt-in): retrieval mode's first tree (and Jacobi's warm start) is verified inside
+the prefill pass, so it needs no pass of its own and the verify-skip has none to skip.
 `lossless`: exact acceptance and no skips in retrieval mode too (AR's tokens).
 `tolerance`: how group-relaxed acceptance bounds a token (`retrieval.config.Tolerance`; "paper": fixed).
 """
@@ -125,8 +124,8 @@ class MethodConfig:
                     parts.append(f"tol:{self.tolerance}")
             if not self.continuation:
                 parts.append("no-continuation")
-            if not self.fused_prefill:
-                parts.append("no-fuse")
+            if self.fused_prefill:
+                parts.append("fuse")
             if self.retrieval_fallback != default_of(MethodConfig, "retrieval_fallback"):
                 parts.append(f"{self.retrieval_fallback}-fallback")
         if self.method == "heisd" and self.switch == "threshold":
@@ -183,7 +182,8 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None, drafter=None) -> tu
     if cfg.method == "ar":
         return {"drafter": SpeculativeDecoder(verifier, dcfg)}, None
     if cfg.method == "jacobi":
-        return {"jacobi": SpeculativeDecoder(verifier, dcfg, JacobiProposer(), ExactAcceptance())}, None
+        jacobi = JacobiProposer(fused=cfg.fused_prefill)
+        return {"jacobi": SpeculativeDecoder(verifier, dcfg, jacobi, ExactAcceptance())}, None
     if cfg.method in ("specvla", "specvla-relaxed"):
         rule = TokenRelaxedAcceptance(cfg.relaxed_r) if cfg.method == "specvla-relaxed" else ExactAcceptance()
         return {"drafter": SpeculativeDecoder(verifier, dcfg, drafter, rule)}, None
