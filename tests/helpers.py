@@ -30,6 +30,17 @@ def tiny_vla(seed: int = 0, instructions: list[str] | None = None, state_dim: in
     return vla
 
 
+def save_tiny_drafter(vla, path: Path, seed: int | None = None) -> Path:
+    """A random drafter of `vla`'s EAGLE shape saved at `path` (what loading and timing need, not good drafts)."""
+    from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
+
+    target = DrafterTarget.from_target(vla)
+    if seed is not None:
+        torch.manual_seed(seed)
+    Drafter(DrafterConfig.for_target(target), target).save_pretrained(path)
+    return path
+
+
 def write_demo_file(path: Path, tasks: list[str], episodes: int = 2, steps: int = 20, size: int = 16) -> None:
     """Random frames and a smooth end-effector path, in the LIBERO/robomimic layout."""
     rng = np.random.default_rng(0)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import tiny_vla, write_demo_file
+from helpers import save_tiny_drafter, tiny_vla, write_demo_file
 
 from heisd.commands.calibrate import calibrate
-from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
 from heisd.retrieval import build_datastore, open_datastore
 from heisd.runtime.bench import ladder, run_bench, write_report
 from heisd.runtime.evaluation import EvalConfig
@@ -19,8 +18,7 @@ from heisd.runtime.methods import MethodConfig
 def resources(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     vla = tiny_vla()
-    target = DrafterTarget.from_target(vla)
-    Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp / "drafter")
+    save_tiny_drafter(vla, tmp / "drafter")
     write_demo_file(tmp / "demos.hdf5", ["reach-v3", "drawer-close-v3"], episodes=2, steps=20)
     build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")
     write_demo_file(tmp / "heldout.hdf5", ["reach-v3"], episodes=1, steps=24)

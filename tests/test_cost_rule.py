@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_vla, write_demo_file
+from helpers import save_tiny_drafter, tiny_vla, write_demo_file
 
 from heisd.decoding.cost_rule import OptionCosts
 from heisd.decoding.moving import MovingMean, MovingMedian
@@ -60,14 +60,11 @@ def test_a_turn_records_its_prediction_for_the_tokens_it_emitted() -> None:
 
 @pytest.fixture(scope="module")
 def resources(tmp_path_factory):
-    from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
     from heisd.retrieval import build_datastore
 
     tmp = tmp_path_factory.mktemp("cost_rule")
     vla = tiny_vla()
-    target = DrafterTarget.from_target(vla)
-    torch.manual_seed(0)
-    Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp / "drafter")
+    save_tiny_drafter(vla, tmp / "drafter", seed=0)
     write_demo_file(tmp / "demos.hdf5", ["reach-v3", "push-v3"], episodes=2, steps=16)
     build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")
     write_demo_file(tmp / "heldout.hdf5", ["reach-v3", "push-v3"], episodes=1, steps=12)

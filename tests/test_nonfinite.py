@@ -9,13 +9,13 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_vla
+from helpers import save_tiny_drafter, tiny_vla
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from heisd.benchmarks.mw import TASKS
 from heisd.cli import main
-from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
+from heisd.drafter import Drafter, DrafterTarget
 from heisd.drafter.model import DrafterError
 from heisd.errors import NonFiniteError
 from heisd.runtime.methods import MethodConfig, build_decoders
@@ -55,13 +55,13 @@ def test_vla_with_a_nan_weight_is_refused_naming_the_tensor(tmp_path, capsys):
 
 
 def test_drafter_with_a_nan_weight_is_refused_naming_the_tensor(tmp_path):
-    target = DrafterTarget.from_target(tiny_vla())
-    Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp_path / "drafter")
+    vla = tiny_vla()
+    save_tiny_drafter(vla, tmp_path / "drafter")
     weights = tmp_path / "drafter" / "model.safetensors"
     key = sorted(load_file(str(weights)))[-1]
     poison(weights, key, [float("nan")])
     with pytest.raises(DrafterError, match=f"{weights}: tensor '{key}' holds 1 non-finite values"):
-        Drafter.from_pretrained(tmp_path / "drafter", target)
+        Drafter.from_pretrained(tmp_path / "drafter", DrafterTarget.from_target(vla))
 
 
 @pytest.fixture

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import tiny_vla, write_demo_file
+from helpers import save_tiny_drafter, tiny_vla, write_demo_file
 
 from heisd.cli import main
-from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
 from heisd.drafter.train import DRAFTER_RUN
 from heisd.errors import OutputError
 from heisd.retrieval import build_datastore
@@ -89,12 +88,11 @@ def test_train_vla_overwrite_starts_afresh_and_keeps_foreign_files(tmp_path, cap
 
 def test_each_output_kind_recognizes_its_own_outputs_only(tmp_path) -> None:
     vla = tiny_vla()
-    target = DrafterTarget.from_target(vla)
     outputs = {"vla": tmp_path / "vla", "drafter": tmp_path / "drafter", "store": tmp_path / "store",
                "demos": tmp_path / "demos.hdf5", "eval": tmp_path / "bench" / "ar", "bench": tmp_path / "bench",
                "replay": tmp_path / "replay"}
     vla.save_pretrained(outputs["vla"])
-    Drafter(DrafterConfig.for_target(target), target).save_pretrained(outputs["drafter"])
+    save_tiny_drafter(vla, outputs["drafter"])
     for name, info in (("vla", {"model_config": {}}), ("drafter", {"drafter_config": {}, "target_fingerprint": "x"})):
         (outputs[name] / "train_info.json").write_text(json.dumps(info))  # both trainers write this name
     write_demo_file(tmp_path / "raw.hdf5", ["reach-v3"], episodes=1, steps=20)  # written without heisd's marks

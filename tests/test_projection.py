@@ -225,10 +225,9 @@ def test_without_options_nothing_is_re_decided(tmp_path) -> None:
 def recorded_bench(tmp_path_factory):
     from dataclasses import replace
 
-    from helpers import tiny_vla, write_demo_file
+    from helpers import save_tiny_drafter, tiny_vla, write_demo_file
 
     from heisd.commands.calibrate import calibrate
-    from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
     from heisd.retrieval import build_datastore, open_datastore
     from heisd.runtime.bench import run_bench
     from heisd.runtime.evaluation import EvalConfig
@@ -236,8 +235,7 @@ def recorded_bench(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("options")
     vla = tiny_vla()
-    bound = DrafterTarget.from_target(vla)
-    Drafter(DrafterConfig.for_target(bound), bound).save_pretrained(tmp / "drafter")
+    save_tiny_drafter(vla, tmp / "drafter")
     write_demo_file(tmp / "demos.hdf5", ["reach-v3"], episodes=2, steps=20)
     build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")
     write_demo_file(tmp / "heldout.hdf5", ["reach-v3"], episodes=1, steps=24)

@@ -6,8 +6,7 @@ import json
 
 import numpy as np
 import pytest
-import torch
-from helpers import tiny_vla, write_demo_file
+from helpers import save_tiny_drafter, tiny_vla, write_demo_file
 
 from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
 from heisd.errors import OutputError
@@ -87,13 +86,9 @@ def test_eval_summary_determinism_and_resume(tmp_path):
 
 def test_replay_of_exact_speculative_decoding_matches_ar(tmp_path):
     """Replay compares a method with AR on the same frames: SpecVLA with exact acceptance is lossless."""
-    from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
-
     write_demo_file(tmp_path / "d.hdf5", ["reach-v3", "push-v3"], episodes=1, steps=10)
     vla = tiny_vla()
-    target = DrafterTarget.from_target(vla)
-    torch.manual_seed(0)
-    Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp_path / "drafter")
+    save_tiny_drafter(vla, tmp_path / "drafter", seed=0)
     specvla = VLAPolicy(vla, build_decoders(MethodConfig("specvla", drafter=str(tmp_path / "drafter")), vla))
     result = replay(specvla, ar_policy(vla), "specvla", [tmp_path / "d.hdf5"], frames=8, progress=False)
     assert result["frames"] == 8 and result["tasks"] == ["push-v3", "reach-v3"]

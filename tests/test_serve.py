@@ -13,11 +13,10 @@ import json_numpy
 import numpy as np
 import pytest
 import requests
-from helpers import tiny_vla, write_demo_file
+from helpers import save_tiny_drafter, tiny_vla, write_demo_file
 
 from heisd.benchmarks.mw import TASKS
 from heisd.client import PolicyClient, RemotePolicy, ServerError
-from heisd.drafter import Drafter, DrafterConfig, DrafterTarget
 from heisd.retrieval import build_datastore
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.policy import VLAPolicy
@@ -35,8 +34,7 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     vla = tiny_vla()
     vla.save_pretrained(tmp / "vla")
-    target = DrafterTarget.from_target(vla)
-    Drafter(DrafterConfig.for_target(target), target).save_pretrained(tmp / "drafter")
+    save_tiny_drafter(vla, tmp / "drafter")
     write_demo_file(tmp / "demos.hdf5", ["reach-v3", "drawer-close-v3"], episodes=2, steps=20)
     build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")
     return vla, tmp
