@@ -21,7 +21,7 @@ from heisd.profiling.pieces import branching_tree
 from heisd.retrieval.datastore import DatastoreWriter
 
 ROOT = Path(__file__).resolve().parents[1]
-PIECES = {"vision", "prefill", "decode_step", "tree_verify"}
+PIECES = {"vision", "prefill", "fused_prefill", "decode_step", "tree_verify"}
 
 
 def test_measure_warms_up_then_times_each_run():
@@ -77,7 +77,8 @@ def test_profile_tiny_openvla_with_drafter_and_datastore(tiny_openvla_dir, tmp_p
     assert {"drafter_pass", "datastore_query"} <= set(result["pieces_ms"])
     assert result["prefix_len"] > 256 and result["key_dim"] == 64 and result["spec"]["n_action_tokens"] == 7
     table = capsys.readouterr().out
-    assert "| tree_verify_16 |" in table and "| datastore_query |" in table
+    assert "| tree_verify_16 |" in table and "| datastore_query |" in table and "| fused_prefill |" in table
+    assert result["fused_prefill_nodes"] == 32
 
 
 def test_profile_shipped_small_vla_with_its_drafter(tmp_path):

@@ -7,7 +7,7 @@ from typing import Any
 
 def rows(pieces: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
     """(name, timing) in the order of a control step, one row per tree size."""
-    out = [(name, pieces[name]) for name in ("vision", "prefill", "decode_step") if name in pieces]
+    out = [(name, pieces[name]) for name in ("vision", "prefill", "fused_prefill", "decode_step") if name in pieces]
     out += [(f"tree_verify_{n}", t) for n, t in pieces.get("tree_verify", {}).items()]
     out += [(name, pieces[name]) for name in ("drafter_pass", "drafter_proposal", "datastore_query",
                                               "retrieval_proposal") if name in pieces]
