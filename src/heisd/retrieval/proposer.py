@@ -8,7 +8,7 @@ sequences that agree with everything emitted so far (`continue_drafts`, ours: no
 no draft model); when none agrees it goes to the fallback proposer (the drafter; None = plain
 AR; or `CostFallback`, the cheapest of several), as in HeiSD. The loop's `begin_step` marks each new control step.
 
-Where drafts start. With the fused prefill (the default), the step's first tree covers the whole
+Where drafts start. With the fused prefill (opt-in), the step's first tree covers the whole
 action and the prefill pass verifies it (`first_draft`); its first token must equal the target's
 own (the acceptance rules keep position 0 exact, as the paper's prefill emits it), and when it
 does not, the tree the paper's order verifies first follows (`_retry_first`). In the paper's
