@@ -13,6 +13,7 @@ and orders them from a task's BDDL goal; `heisd.benchmarks.libero_experts` reads
 from __future__ import annotations
 
 import enum
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,7 @@ class ExpertConfig:
     finger_reach: float = 0.03  # deepest grasp below the object's top: the palm sits ~4.5 cm above the tips, m
     rim_width: float = 0.085  # narrowest footprint grasped by its wall, m (the Panda opens 8 cm; cans are 7)
     rim_inset: float = 0.012  # a bowl's wall centre inside its outer edge, m
+    rim_tilts: tuple[float, ...] = (np.pi / 6, -np.pi / 6)  # wall grasps off the radius, tried after the radial ones
     floor_clearance: float = 0.012  # lowest end-effector height above the floor: the finger tips stay off it, m
     tolerance: float = 0.01  # position error that ends a move phase, m
     close_steps: int = 12  # steps with the gripper closing before lifting
@@ -133,26 +135,33 @@ def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
     return bool(2 * object_half.min() > c.rim_width)
 
 
+RIM_SIDES = 8  # wall grasp points around a bowl
+
+
 def rim_points(s: Scene, c: ExpertConfig) -> list[tuple[np.ndarray, float]]:
     """(grasp point, yaw) on a bowl's wall where the fingers straddle it, closing along the radius,
-    `finger_reach` below the rim: its sides in y first (yaw 0), then the diagonals, then x."""
+    `finger_reach` below the rim: its sides in y first (yaw 0), then the diagonals, then x; then the
+    same points with the fingers closing `rim_tilts` off the radius (the hand swung away from a
+    neighbour that every radial hand overlaps: a drawer open over the bowl)."""
     z = max(s.object_top - c.finger_reach, s.floor + c.floor_clearance)
     (x, y), (hx, hy) = s.object_center[:2], s.object_half - c.rim_inset
     out = []
-    for phi in np.radians([90, -90, 45, 135, -45, -135, 0, 180]):
-        yaw = _angle(phi - np.pi / 2)
-        yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 + 1e-9 else yaw  # the hand is symmetric
-        out.append((np.array([x + hx * np.cos(phi), y + hy * np.sin(phi), z]), float(yaw)))
+    for tilt in (0.0, *c.rim_tilts):
+        for phi in np.radians([90, -90, 45, 135, -45, -135, 0, 180]):  # RIM_SIDES of them
+            yaw = _angle(phi - np.pi / 2 + tilt)
+            yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 + 1e-9 else yaw  # the hand is symmetric
+            out.append((np.array([x + hx * np.cos(phi), y + hy * np.sin(phi), z]), float(yaw)))
     return out
 
 
 def choose_rim(s: Scene, c: ExpertConfig) -> tuple[np.ndarray, float]:
     """The first wall grasp whose hand clears everything by `clearance` (the hand is 21 cm long: an
-    open drawer beside the bowl blocks the sides in y); if none does, the one with the most clearance."""
+    open drawer beside the bowl blocks the sides in y); if none does, the radial one with the most
+    clearance (a tilted grasp is taken only where it clears)."""
     options = rim_points(s, c)
     gaps = [hand_clearance(yaw, g, s.obstacles, c) for g, yaw in options]
     clear = [i for i, gap in enumerate(gaps) if gap >= c.clearance]
-    return options[clear[0] if clear else int(np.argmax(gaps))]
+    return options[clear[0] if clear else int(np.argmax(gaps[:RIM_SIDES]))]
 
 
 @dataclass
@@ -330,6 +339,83 @@ class TurnKnob:
 
 # --- pushing a flat object ------------------------------------------------------------------------
 
+def box_gaps(points: np.ndarray, footprint: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """The smallest signed gap between a footprint of xy half extents `footprint`, centred at each of
+    `points` (n, 2), and `boxes` (rows lo_x, lo_y, hi_x, hi_y): negative where they overlap, by how
+    deep; inf if there are no boxes."""
+    if not len(boxes):
+        return np.full(len(points), np.inf)
+    d = np.maximum(boxes[None, :, :2] - (points + footprint)[:, None], (points - footprint)[:, None] - boxes[None, :, 2:])
+    outside = np.hypot(np.maximum(d[..., 0], 0.0), np.maximum(d[..., 1], 0.0))
+    return np.where((d > 0).any(-1), outside, d.max(-1)).min(1)
+
+
+def clear_spot(centre: np.ndarray, half: np.ndarray, footprint: np.ndarray, boxes: np.ndarray,
+               clearance: float = 0.01, margin: float = 0.01, n: int = 9) -> np.ndarray:
+    """Where inside a region (xy `centre` +- `half`, kept `margin` inside its edges) an object of xy half
+    extents `footprint` goes: the point nearest the centre whose footprint clears `boxes` by
+    `clearance`, else the one that overlaps them least (a region beside a neighbour: the plate in front
+    of the stove, the cream cheese next to it)."""
+    span = np.maximum(half - margin, 0.0)
+    grid = np.stack(np.meshgrid(*(np.linspace(-a, a, n) for a in span)), -1).reshape(-1, 2)
+    grid = grid[np.argsort(np.linalg.norm(grid, axis=1), kind="stable")]  # the centre first
+    gaps = box_gaps(centre + grid, footprint, boxes)
+    clear = np.flatnonzero(gaps >= clearance)
+    return centre + grid[clear[0] if len(clear) else int(np.argmax(gaps))]
+
+
+def push_path(start: np.ndarray, goal: np.ndarray, footprint: np.ndarray, boxes: np.ndarray, clearance: float = 0.01,
+              res: float = 0.01, pad: float = 0.12, weight: float = 50.0) -> list[np.ndarray]:
+    """Waypoints (xy, ending at `goal`) for a pushed object's centre that keep its footprint `clearance`
+    off `boxes` where it can: the cheapest path on a `res` grid, a step costing its length times
+    1 + `weight` x how far inside `clearance` the footprint comes (an object touching a neighbour at
+    the start pays for going deeper, not for leaving), then shortened to the corners it needs."""
+    lo = np.minimum(start, goal) - pad
+    shape = np.ceil((np.maximum(start, goal) + pad - lo) / res).astype(int) + 1
+    cells = lo + res * np.stack(np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij"), -1).reshape(-1, 2)
+    cost = 1.0 + weight * np.maximum(clearance - box_gaps(cells, footprint, boxes), 0.0) / clearance
+    cell = lambda p: int(np.ravel_multi_index(tuple(np.clip(np.round((p - lo) / res).astype(int), 0, shape - 1)),  # noqa: E731
+                                              tuple(shape)))
+    first, last = cell(start), cell(goal)
+    best, came, todo = {first: 0.0}, {}, [(0.0, first)]
+    while todo:
+        d, i = heapq.heappop(todo)
+        if i == last:
+            break
+        if d > best[i]:
+            continue
+        ix, iy = divmod(i, shape[1])
+        for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (1, -1), (-1, 1), (-1, -1)):
+            jx, jy = ix + dx, iy + dy
+            if 0 <= jx < shape[0] and 0 <= jy < shape[1]:
+                j = jx * shape[1] + jy
+                nd = d + res * np.hypot(dx, dy) * (cost[i] + cost[j]) / 2
+                if nd < best.get(j, np.inf):
+                    best[j], came[j] = nd, i
+                    heapq.heappush(todo, (nd, j))
+    path = [last]
+    while path[-1] != first:
+        path.append(came[path[-1]])
+    path = np.array([start, *cells[path[::-1][1:-1]], goal])
+
+    def price(points: np.ndarray) -> float:  # of the polyline through `points`, sampled every res / 2
+        fine = np.concatenate([a + np.linspace(0.0, 1.0, max(2, int(np.linalg.norm(b - a) / res * 2)))[:, None] * (b - a)
+                               for a, b in zip(points[:-1], points[1:])])
+        weights = 1.0 + weight * np.maximum(clearance - box_gaps(fine, footprint, boxes), 0.0) / clearance
+        steps = np.linalg.norm(np.diff(fine, axis=0), axis=1)
+        return float(steps @ (weights[:-1] + weights[1:]) / 2)
+
+    # shortcut: from each kept point straight to the farthest later one that the straight line reaches
+    # no dearer than the grid path does
+    out, i = [], 0
+    while i < len(path) - 1:
+        j = next(j for j in range(len(path) - 1, i, -1)
+                 if j == i + 1 or price(path[[i, j]]) <= price(path[i:j + 1]) + 1e-9)
+        out.append(path[j])
+        i = j
+    return out
+
+
 @dataclass(frozen=True)
 class PushScene:
     """What `Push` reads: the object's box and where its box centre must go (xy)."""
@@ -341,6 +427,7 @@ class PushScene:
     object_top: float
     place: np.ndarray  # (2,) where the object's box centre goes
     floor: float
+    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # xy boxes in its way (lo_x, lo_y, hi_x, hi_y)
 
 
 class PushPhase(enum.Enum):
@@ -352,16 +439,21 @@ class PushPhase(enum.Enum):
 
 @dataclass
 class Push:
+    """Slide a flat object along a path around its neighbours (`push_path`) with the closed fingers
+    pressed on it; if the hand slips off it, go back over it and down again."""
+
     config: ExpertConfig = ExpertConfig()
     speed: float = 0.5  # largest xyz action while pushing
     inset: float = 0.04  # the fingers go down this far inside the object's far edge (a plate's rim), m
     within: float = 0.01  # object centre this close to the place ends the push, m
+    waypoint_within: float = 0.02  # ... this close to a corner of its path turns it toward the next, m
     lead: float = 0.08  # how far ahead of the contact the hand aims while pushing, m
     press: float = 0.008  # end-effector height above the floor while pushing, m (the fingers on the plate's floor)
     phase: PushPhase = PushPhase.BEHIND
     done: bool = False
     _count: int = 0
     _dir: np.ndarray | None = field(default=None, repr=False)
+    _path: list = field(default_factory=list, repr=False)  # corners left to the place, the place last
     _reach: float = 0.0  # eef distance behind the object's centre along the push
     # the hand's long side (the finger axis, 21 cm) along world x, toward the robot: free space in LIBERO's
     # scenes, where cabinets, racks and stoves stand at the table's sides (across the push it hit a
@@ -370,24 +462,35 @@ class Push:
 
     def act(self, s: PushScene) -> np.ndarray:
         c = self.config
-        if self._dir is None:
-            d = s.place - s.object_center[:2]
-            self._dir = d / max(np.linalg.norm(d), 1e-9)
-            # the object's extent along the push (exact for a round plate, its box's ellipse otherwise)
-            self._reach = float(np.linalg.norm(self._dir * s.object_half)) - self.inset
+        if self._dir is None:  # the path is kept: the neighbours it avoids move as the object is pushed
+            self._path = push_path(s.object_center[:2], s.place, s.object_half, s.boxes, c.clearance)
+            self._aim(s)
         self._advance(s)
         limit = self.speed if self.phase is PushPhase.PUSH else 1.0
         return _move(c, self._target(s), s.eef, _angle(self._yaw - s.yaw), 1.0, limit)
 
+    def _aim(self, s: PushScene) -> None:
+        """Push toward the next corner of the path, the fingers down behind the object's centre."""
+        d = self._path[0] - s.object_center[:2]
+        self._dir = d / max(np.linalg.norm(d), 1e-9)
+        # the object's extent along the push (exact for a round plate, its box's ellipse otherwise)
+        self._reach = float(np.linalg.norm(self._dir * s.object_half)) - self.inset
+
     def _advance(self, s: PushScene) -> None:
         c = self.config
         reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
+        if self.phase is PushPhase.PUSH:
+            while len(self._path) > 1 and np.linalg.norm(self._path[0] - s.object_center[:2]) < self.waypoint_within:
+                self._path.pop(0)
         if self.phase is PushPhase.BEHIND and reached() and abs(_angle(self._yaw - s.yaw)) < c.yaw_tolerance:
             self.phase = PushPhase.DOWN
         elif self.phase is PushPhase.DOWN and s.eef[2] < s.floor + self.press + self.config.gain ** -1 * 0.25:
             self.phase = PushPhase.PUSH
-        elif self.phase is PushPhase.PUSH and np.linalg.norm(s.place - s.object_center[:2]) < self.within:
+        elif self.phase is PushPhase.PUSH and np.linalg.norm(self._path[-1] - s.object_center[:2]) < self.within:
             self.phase, self._count = PushPhase.RETREAT, 0
+        elif self.phase is PushPhase.PUSH and np.linalg.norm(s.eef[:2] - s.object_center[:2]) > s.object_half.max():
+            self.phase = PushPhase.BEHIND  # the fingers left the object: over it again, aimed anew
+            self._aim(s)
         elif self.phase is PushPhase.RETREAT:
             self.done = _tick(self, c.retreat_steps)
 
@@ -399,8 +502,8 @@ class Push:
             return np.array([*behind, s.object_top + c.hover])
         if self.phase is PushPhase.DOWN:
             return np.array([*behind, low])
-        if self.phase is PushPhase.PUSH:  # on at full push speed from the hand, toward the place from the object now
-            d = s.place - s.object_center[:2]
+        if self.phase is PushPhase.PUSH:  # on at full push speed from the hand, toward the corner from the object now
+            d = self._path[0] - s.object_center[:2]
             return np.array([*(s.eef[:2] + self.lead * d / max(np.linalg.norm(d), 1e-9)), low])
         return np.array([s.eef[0], s.eef[1], s.object_top + c.hover])
 
