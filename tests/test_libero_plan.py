@@ -178,7 +178,11 @@ def test_drawer_points_the_fingers_into_the_cabinet_then_pulls():
     a = skill.act(s)
     assert np.allclose(skill._work[:, 2], -pull, atol=1e-9)  # the fingers point into the cabinet
     assert np.allclose(np.abs(skill._work[:, 0]), [0, 0, 1], atol=1e-9)  # they close vertically, on the bar
-    assert np.allclose(skill._target(s), handle + pull * skill.standoff) and np.abs(a[3:6]).max() > 0
+    front = handle + pull * skill.standoff
+    # over the point in front of the handle first: the turned hand reaches 10.5 cm below the grip site
+    assert np.allclose(skill._target(s), front + [0, 0, CFG.hand_half_length]) and np.abs(a[3:6]).max() > 0
+    over = DrawerScene(**{**s.__dict__, "eef": front + [0.005, 0, CFG.hand_half_length]})
+    assert np.allclose(skill._target(over), front)  # then straight down to it
     at = DrawerScene(eef=handle, rot=skill._work, handle=handle, pull=pull, travel=0.15)
     skill.phase = DrawerPhase.REACH
     skill.act(at)
