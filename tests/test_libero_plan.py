@@ -21,9 +21,7 @@ from heisd.benchmarks.libero_skills import (
     Scene,
     TurnKnob,
     box_gaps,
-    choose_rim,
     clear_spot,
-    hand_clearance,
     is_rim_grasp,
     push_path,
     rotation,
@@ -75,21 +73,6 @@ def test_a_bowl_is_grasped_by_its_wall_on_the_clear_side():
     tall = np.array([[0.0, 0.16, 0.04, 1.1]])  # a tall neighbour beyond the +y wall: take the -y wall
     g = PickPlace().grasp_point(Scene(**{**s.__dict__, "obstacles": tall}))
     assert g[1] == pytest.approx(-(half[1] - CFG.rim_inset))
-
-
-def test_a_drawer_open_over_the_bowl_swings_the_hand_off_the_radius():
-    """LIBERO-Goal's top drawer opened over the bowl (its parts as points 1.12 m high) and the wine
-    bottle behind: every radial wall grasp's hand overlaps one; a grasp 30 degrees off the radius clears."""
-    drawer = np.array([[x, y, 0.0, 1.12] for x in np.linspace(-0.077, 0.137, 12) for y in np.linspace(-0.182, -0.015, 10)])
-    obstacles = np.vstack([drawer, [[-0.20, -0.05, 0.035, 1.2]]])
-    s = Scene(eef=np.zeros(3), object_center=np.array([-0.09, 0.0, 0.927]), object_bottom=0.9, object_top=0.955,
-              place=np.zeros(3), object_half=np.array([0.078, 0.078]), obstacles=obstacles, floor=0.9)
-    radial = ExpertConfig(rim_tilts=())
-    grasp, yaw = choose_rim(s, radial)
-    assert hand_clearance(yaw, grasp, obstacles, radial) < 0  # the least-bad radial hand still overlaps
-    grasp, yaw = choose_rim(s, CFG)
-    assert hand_clearance(yaw, grasp, obstacles, CFG) >= CFG.clearance
-    assert np.hypot(*(grasp[:2] - s.object_center[:2])) == pytest.approx(0.078 - CFG.rim_inset)  # on the wall
 
 
 def test_a_pushed_object_goes_where_the_region_clears_its_neighbours():
