@@ -37,8 +37,6 @@ class ExpertConfig:
     finger_reach: float = 0.03  # deepest grasp below the object's top: the palm sits ~4.5 cm above the tips, m
     rim_width: float = 0.085  # narrowest footprint grasped by its wall, m (the Panda opens 8 cm; cans are 7)
     rim_inset: float = 0.012  # a bowl's wall centre inside its outer edge, m
-    rim_tilts: tuple[float, ...] = (np.pi / 6, -np.pi / 6)  # wall grasps off the radius, tried after the radial ones
-    rim_reach: float = 0.04  # a wall grasp's depth below the rim, m (3 cm let the bowl slip out of a tilted grasp)
     floor_clearance: float = 0.012  # lowest end-effector height above the floor: the finger tips stay off it, m
     tolerance: float = 0.01  # position error that ends a move phase, m
     close_steps: int = 12  # steps with the gripper closing before lifting
@@ -136,33 +134,26 @@ def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
     return bool(2 * object_half.min() > c.rim_width)
 
 
-RIM_SIDES = 8  # wall grasp points around a bowl
-
-
 def rim_points(s: Scene, c: ExpertConfig) -> list[tuple[np.ndarray, float]]:
     """(grasp point, yaw) on a bowl's wall where the fingers straddle it, closing along the radius,
-    `rim_reach` below the rim: its sides in y first (yaw 0), then the diagonals, then x; then the
-    same points with the fingers closing `rim_tilts` off the radius (the hand swung away from a
-    neighbour that every radial hand overlaps: a drawer open over the bowl)."""
-    z = max(s.object_top - c.rim_reach, s.floor + c.floor_clearance)
+    `finger_reach` below the rim: its sides in y first (yaw 0), then the diagonals, then x."""
+    z = max(s.object_top - c.finger_reach, s.floor + c.floor_clearance)
     (x, y), (hx, hy) = s.object_center[:2], s.object_half - c.rim_inset
     out = []
-    for tilt in (0.0, *c.rim_tilts):
-        for phi in np.radians([90, -90, 45, 135, -45, -135, 0, 180]):  # RIM_SIDES of them
-            yaw = _angle(phi - np.pi / 2 + tilt)
-            yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 + 1e-9 else yaw  # the hand is symmetric
-            out.append((np.array([x + hx * np.cos(phi), y + hy * np.sin(phi), z]), float(yaw)))
+    for phi in np.radians([90, -90, 45, 135, -45, -135, 0, 180]):
+        yaw = _angle(phi - np.pi / 2)
+        yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 + 1e-9 else yaw  # the hand is symmetric
+        out.append((np.array([x + hx * np.cos(phi), y + hy * np.sin(phi), z]), float(yaw)))
     return out
 
 
 def choose_rim(s: Scene, c: ExpertConfig) -> tuple[np.ndarray, float]:
     """The first wall grasp whose hand clears everything by `clearance` (the hand is 21 cm long: an
-    open drawer beside the bowl blocks the sides in y); if none does, the radial one with the most
-    clearance (a tilted grasp is taken only where it clears)."""
+    open drawer beside the bowl blocks the sides in y); if none does, the one with the most clearance."""
     options = rim_points(s, c)
     gaps = [hand_clearance(yaw, g, s.obstacles, c) for g, yaw in options]
     clear = [i for i, gap in enumerate(gaps) if gap >= c.clearance]
-    return options[clear[0] if clear else int(np.argmax(gaps[:RIM_SIDES]))]
+    return options[clear[0] if clear else int(np.argmax(gaps))]
 
 
 @dataclass
@@ -239,12 +230,8 @@ class PickPlace:
 
     def _target(self, s: Scene) -> np.ndarray:
         c = self.config
-        if self.phase is Phase.ABOVE:  # across at the hand's height, then down over the grasp (an open
-            # drawer beside the bowl stalled the hand's slant descent for 150 steps)
-            above = self._grasp + np.array([0.0, 0.0, s.object_top + c.hover - self._grasp[2]])
-            if np.linalg.norm((above - s.eef)[:2]) > 2 * c.tolerance:
-                above[2] = max(above[2], s.eef[2])
-            return above
+        if self.phase is Phase.ABOVE:
+            return self._grasp + np.array([0.0, 0.0, s.object_top + c.hover - self._grasp[2]])
         if self.phase in (Phase.DESCEND, Phase.CLOSE):
             return self._grasp
         if self.phase is Phase.LIFT:
