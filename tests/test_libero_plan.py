@@ -129,7 +129,8 @@ def test_push_path_goes_around_the_neighbours():
     path = push_path(start, goal, plate, boxes)
     assert np.allclose(path[-1], goal) and len(path) > 1
     corners = [start, *path]
-    swept = np.concatenate([a + np.linspace(0, 1, 50)[:, None] * (b - a) for a, b in zip(corners[:-1], corners[1:])])
+    legs = zip(corners[:-1], corners[1:], strict=True)
+    swept = np.concatenate([a + np.linspace(0, 1, 50)[:, None] * (b - a) for a, b in legs])
     assert box_gaps(swept, plate, boxes).min() >= box_gaps(start[None], plate, boxes)[0] - 1e-9  # never deeper
     assert box_gaps(swept[len(swept) // 4:], plate, boxes).min() > 0  # and off them once away from the start
     assert [np.asarray(p).tolist() for p in push_path(start, goal, plate, np.zeros((0, 4)))] == [goal.tolist()]

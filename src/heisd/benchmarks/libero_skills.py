@@ -337,7 +337,8 @@ def box_gaps(points: np.ndarray, footprint: np.ndarray, boxes: np.ndarray) -> np
     deep; inf if there are no boxes."""
     if not len(boxes):
         return np.full(len(points), np.inf)
-    d = np.maximum(boxes[None, :, :2] - (points + footprint)[:, None], (points - footprint)[:, None] - boxes[None, :, 2:])
+    lo, hi = (points - footprint)[:, None], (points + footprint)[:, None]
+    d = np.maximum(boxes[None, :, :2] - hi, lo - boxes[None, :, 2:])  # per axis: > 0 apart, < 0 overlapping
     outside = np.hypot(np.maximum(d[..., 0], 0.0), np.maximum(d[..., 1], 0.0))
     return np.where((d > 0).any(-1), outside, d.max(-1)).min(1)
 
@@ -356,18 +357,22 @@ def clear_spot(centre: np.ndarray, half: np.ndarray, footprint: np.ndarray, boxe
     return centre + grid[clear[0] if len(clear) else int(np.argmax(gaps))]
 
 
-def push_path(start: np.ndarray, goal: np.ndarray, footprint: np.ndarray, boxes: np.ndarray, clearance: float = 0.01,
-              res: float = 0.01, pad: float = 0.12, weight: float = 50.0) -> list[np.ndarray]:
+def push_path(start: np.ndarray, goal: np.ndarray, footprint: np.ndarray, boxes: np.ndarray,
+              clearance: float = 0.01, res: float = 0.01, pad: float = 0.12, weight: float = 50.0) -> list[np.ndarray]:
     """Waypoints (xy, ending at `goal`) for a pushed object's centre that keep its footprint `clearance`
     off `boxes` where it can: the cheapest path on a `res` grid, a step costing its length times
     1 + `weight` x how far inside `clearance` the footprint comes (an object touching a neighbour at
     the start pays for going deeper, not for leaving), then shortened to the corners it needs."""
     lo = np.minimum(start, goal) - pad
     shape = np.ceil((np.maximum(start, goal) + pad - lo) / res).astype(int) + 1
-    cells = lo + res * np.stack(np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij"), -1).reshape(-1, 2)
+    index = np.stack(np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij"), -1).reshape(-1, 2)
+    cells = lo + res * index
     cost = 1.0 + weight * np.maximum(clearance - box_gaps(cells, footprint, boxes), 0.0) / clearance
-    cell = lambda p: int(np.ravel_multi_index(tuple(np.clip(np.round((p - lo) / res).astype(int), 0, shape - 1)),  # noqa: E731
-                                              tuple(shape)))
+
+    def cell(p: np.ndarray) -> int:  # the grid cell nearest a point
+        ij = np.clip(np.round((p - lo) / res).astype(int), 0, shape - 1)
+        return int(np.ravel_multi_index(tuple(ij), tuple(shape)))
+
     first, last = cell(start), cell(goal)
     best, came, todo = {first: 0.0}, {}, [(0.0, first)]
     while todo:
@@ -391,8 +396,8 @@ def push_path(start: np.ndarray, goal: np.ndarray, footprint: np.ndarray, boxes:
     path = np.array([start, *cells[path[::-1][1:-1]], goal])
 
     def price(points: np.ndarray) -> float:  # of the polyline through `points`, sampled every res / 2
-        fine = np.concatenate([a + np.linspace(0.0, 1.0, max(2, int(np.linalg.norm(b - a) / res * 2)))[:, None] * (b - a)
-                               for a, b in zip(points[:-1], points[1:])])
+        fine = np.concatenate([a + np.linspace(0.0, 1.0, max(2, int(np.linalg.norm(b - a) / res * 2)))[:, None]
+                               * (b - a) for a, b in zip(points[:-1], points[1:], strict=True)])
         weights = 1.0 + weight * np.maximum(clearance - box_gaps(fine, footprint, boxes), 0.0) / clearance
         steps = np.linalg.norm(np.diff(fine, axis=0), axis=1)
         return float(steps @ (weights[:-1] + weights[1:]) / 2)
