@@ -20,7 +20,10 @@ from heisd.benchmarks.libero_skills import (
     PushScene,
     Scene,
     TurnKnob,
+    box_gaps,
+    clear_spot,
     is_rim_grasp,
+    push_path,
     rotation,
     rotation_error,
 )
@@ -72,6 +75,16 @@ def test_a_bowl_is_grasped_by_its_wall_on_the_clear_side():
     assert g[1] == pytest.approx(-(half[1] - CFG.rim_inset))
 
 
+def test_a_pushed_object_goes_where_the_region_clears_its_neighbours():
+    centre, half, plate = np.array([-0.05, 0.21]), np.array([0.04, 0.04]), np.array([0.075, 0.075])
+    assert np.allclose(clear_spot(centre, half, plate, np.zeros((0, 4))), centre)  # nothing near: the centre
+    cheese = np.array([[-0.1, 0.105, 0.0, 0.155]])  # LIBERO-Goal's cream cheese, in front of the stove's region
+    assert box_gaps(centre[None], plate, cheese)[0] < 0  # at the centre the plate would ride onto it
+    spot = clear_spot(centre, half, plate, cheese)
+    assert spot[1] == pytest.approx(centre[1] + half[1] - 0.01)  # as far from it as the region allows
+    assert box_gaps(spot[None], plate, cheese)[0] == pytest.approx(0.01)
+
+
 def test_knob_is_grasped_turned_to_its_goal_and_let_go():
     skill, eef, yaw, turned = TurnKnob(), np.array([0.0, 0.0, 1.1]), 0.0, 0.0
     knob = np.array([0.0, 0.0, 0.93])
@@ -105,6 +118,35 @@ def test_push_starts_inside_the_far_rim_and_slides_toward_the_place():
     assert skill.phase is PushPhase.RETREAT
 
 
+def test_push_path_goes_around_the_neighbours():
+    """LIBERO-Goal's plate to the front of the stove: the bowl touches it at the start and the cream
+    cheese stands between it and the place; the straight push runs into both, the path into neither."""
+    bowl, cheese = [-0.168, -0.078, -0.012, 0.078], [-0.1, 0.105, 0.0, 0.155]
+    boxes, plate = np.array([bowl, cheese]), np.array([0.075, 0.075])
+    start, goal = np.array([0.05, -0.02]), np.array([-0.05, 0.24])
+    line = start + np.linspace(0, 1, 50)[:, None] * (goal - start)
+    assert box_gaps(line, plate, boxes).min() < -0.05
+    path = push_path(start, goal, plate, boxes)
+    assert np.allclose(path[-1], goal) and len(path) > 1
+    corners = [start, *path]
+    legs = zip(corners[:-1], corners[1:], strict=True)
+    swept = np.concatenate([a + np.linspace(0, 1, 50)[:, None] * (b - a) for a, b in legs])
+    assert box_gaps(swept, plate, boxes).min() >= box_gaps(start[None], plate, boxes)[0] - 1e-9  # never deeper
+    assert box_gaps(swept[len(swept) // 4:], plate, boxes).min() > 0  # and off them once away from the start
+    assert [np.asarray(p).tolist() for p in push_path(start, goal, plate, np.zeros((0, 4)))] == [goal.tolist()]
+
+
+def test_push_goes_back_over_the_object_when_the_hand_slips_off():
+    skill = Push(phase=PushPhase.PUSH)
+    s = PushScene(eef=np.array([0.05, -0.04, 0.908]), yaw=np.pi / 2, object_center=np.array([0.05, 0.0, 0.91]),
+                  object_half=np.array([0.08, 0.08]), object_top=0.92, place=np.array([0.05, 0.2]), floor=0.9)
+    skill.act(s)
+    assert skill.phase is PushPhase.PUSH  # the fingers on the plate: on
+    s = PushScene(**{**s.__dict__, "eef": np.array([0.05, 0.1, 0.908])})  # the plate stayed, the hand went on
+    a = skill.act(s)
+    assert skill.phase is PushPhase.BEHIND and a[2] > 0  # up, to go down behind it again
+
+
 def test_rotation_error_is_the_world_rotation_vector():
     start = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # the Panda's start: fingers down
     axis = np.array([0.6, 0.0, 0.8])
@@ -120,7 +162,11 @@ def test_drawer_points_the_fingers_into_the_cabinet_then_pulls():
     a = skill.act(s)
     assert np.allclose(skill._work[:, 2], -pull, atol=1e-9)  # the fingers point into the cabinet
     assert np.allclose(np.abs(skill._work[:, 0]), [0, 0, 1], atol=1e-9)  # they close vertically, on the bar
-    assert np.allclose(skill._target(s), handle + pull * skill.standoff) and np.abs(a[3:6]).max() > 0
+    front = handle + pull * skill.standoff
+    # over the point in front of the handle first: the turned hand reaches 10.5 cm below the grip site
+    assert np.allclose(skill._target(s), front + [0, 0, CFG.hand_half_length]) and np.abs(a[3:6]).max() > 0
+    over = DrawerScene(**{**s.__dict__, "eef": front + [0.005, 0, CFG.hand_half_length]})
+    assert np.allclose(skill._target(over), front)  # then straight down to it
     at = DrawerScene(eef=handle, rot=skill._work, handle=handle, pull=pull, travel=0.15)
     skill.phase = DrawerPhase.REACH
     skill.act(at)

@@ -23,6 +23,7 @@ from heisd.benchmarks.libero_skills import (
     PushScene,
     Scene,
     TurnKnob,
+    clear_spot,
     is_rim_grasp,
 )
 from heisd.errors import UsageError
@@ -32,6 +33,7 @@ KNOB_MARGIN = 0.3  # turn a knob this far past LIBERO's "on" threshold, rad
 SLOT_SPACING = 1.2  # side-by-side objects on one region: their centres this many half-sizes apart
 ON_ABOVE = 0.01  # release height of an object's bottom above what it goes on, m
 IN_ABOVE = 0.05  # ... above the centre of the region it goes in, m
+PUSH_ABOVE = 0.005  # what reaches this far above the table stands in a pushed object's way, m
 
 
 def check_expert_suite(suite: str) -> None:
@@ -92,6 +94,18 @@ class SimReader:
         for dx, dy in ((0, 0), (1, 1), (1, -1), (-1, 1), (-1, -1)):
             pts = centre[:, :2] + half[:, :2] * (dx, dy)
             rows.extend(np.column_stack([pts, np.zeros(len(g)), centre[:, 2] + half[:, 2]]).tolist())
+        return np.array(rows).reshape(-1, 4)
+
+    def footprints(self, *skip: str, above: float) -> np.ndarray:
+        """The xy boxes (lo_x, lo_y, hi_x, hi_y) of every object but `skip` and every colliding part of
+        the fixtures that reach higher than `above` (the table's own top does not)."""
+        rows = [[*lo[:2], *hi[:2]] for lo, hi in (self.box(n) for n in self.geoms if n not in skip) if hi[2] > above]
+        sim, g = self.env.sim, self._fixture_geoms
+        rot = sim.data.geom_xmat[g].reshape(-1, 3, 3)
+        centre = sim.data.geom_xpos[g] + np.einsum("nij,nj->ni", rot, sim.model.geom_aabb[g, :3])
+        half = np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[g, 3:])
+        tall = centre[:, 2] + half[:, 2] > above
+        rows.extend(np.column_stack([centre[tall, :2] - half[tall, :2], centre[tall, :2] + half[tall, :2]]).tolist())
         return np.array(rows).reshape(-1, 4)
 
     def holds(self, predicate: str, *args: str) -> bool:
@@ -175,10 +189,18 @@ def knob_scene(r: SimReader, step: Step, eef: np.ndarray) -> KnobScene:
 
 
 def push_scene(r: SimReader, step: Step, eef: np.ndarray) -> PushScene:
+    """The place inside a region is its point nearest the centre where the pushed object clears its
+    neighbours (`Push` plans its path around them once, at the start)."""
     lo, hi = r.box(step.target)
-    return PushScene(eef=eef, yaw=r.yaw(), object_center=(lo + hi) / 2, object_half=(hi[:2] - lo[:2]) / 2,
-                     object_top=float(hi[2]), place=place_point(r, step.target, step.place, step.relation)[:2],
-                     floor=r.floor)
+    half = (hi[:2] - lo[:2]) / 2
+    place = place_point(r, step.target, step.place, step.relation)[:2]
+    boxes = r.footprints(step.target, above=r.floor + PUSH_ABOVE)
+    if r.is_site(step.place):
+        size = np.asarray(r.env.object_sites_dict[step.place].size, dtype=np.float64)
+        region = np.abs(r.env.sim.data.get_site_xmat(step.place)) @ size  # its half extents along world axes
+        place = clear_spot(place, region[:2], half, boxes)
+    return PushScene(eef=eef, yaw=r.yaw(), object_center=(lo + hi) / 2, object_half=half,
+                     object_top=float(hi[2]), place=place, floor=r.floor, boxes=boxes)
 
 
 def drawer_scene(r: SimReader, step: Step, eef: np.ndarray) -> DrawerScene:

@@ -13,6 +13,7 @@ and orders them from a task's BDDL goal; `heisd.benchmarks.libero_experts` reads
 from __future__ import annotations
 
 import enum
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -330,6 +331,88 @@ class TurnKnob:
 
 # --- pushing a flat object ------------------------------------------------------------------------
 
+def box_gaps(points: np.ndarray, footprint: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """The smallest signed gap between a footprint of xy half extents `footprint`, centred at each of
+    `points` (n, 2), and `boxes` (rows lo_x, lo_y, hi_x, hi_y): negative where they overlap, by how
+    deep; inf if there are no boxes."""
+    if not len(boxes):
+        return np.full(len(points), np.inf)
+    lo, hi = (points - footprint)[:, None], (points + footprint)[:, None]
+    d = np.maximum(boxes[None, :, :2] - hi, lo - boxes[None, :, 2:])  # per axis: > 0 apart, < 0 overlapping
+    outside = np.hypot(np.maximum(d[..., 0], 0.0), np.maximum(d[..., 1], 0.0))
+    return np.where((d > 0).any(-1), outside, d.max(-1)).min(1)
+
+
+def clear_spot(centre: np.ndarray, half: np.ndarray, footprint: np.ndarray, boxes: np.ndarray,
+               clearance: float = 0.01, margin: float = 0.01, n: int = 9) -> np.ndarray:
+    """Where inside a region (xy `centre` +- `half`, kept `margin` inside its edges) an object of xy half
+    extents `footprint` goes: the point nearest the centre whose footprint clears `boxes` by
+    `clearance`, else the one that overlaps them least (a region beside a neighbour: the plate in front
+    of the stove, the cream cheese next to it)."""
+    span = np.maximum(half - margin, 0.0)
+    grid = np.stack(np.meshgrid(*(np.linspace(-a, a, n) for a in span)), -1).reshape(-1, 2)
+    grid = grid[np.argsort(np.linalg.norm(grid, axis=1), kind="stable")]  # the centre first
+    gaps = box_gaps(centre + grid, footprint, boxes)
+    clear = np.flatnonzero(gaps >= clearance)
+    return centre + grid[clear[0] if len(clear) else int(np.argmax(gaps))]
+
+
+def push_path(start: np.ndarray, goal: np.ndarray, footprint: np.ndarray, boxes: np.ndarray,
+              clearance: float = 0.01, res: float = 0.01, pad: float = 0.12, weight: float = 50.0) -> list[np.ndarray]:
+    """Waypoints (xy, ending at `goal`) for a pushed object's centre that keep its footprint `clearance`
+    off `boxes` where it can: the cheapest path on a `res` grid, a step costing its length times
+    1 + `weight` x how far inside `clearance` the footprint comes (an object touching a neighbour at
+    the start pays for going deeper, not for leaving), then shortened to the corners it needs."""
+    lo = np.minimum(start, goal) - pad
+    shape = np.ceil((np.maximum(start, goal) + pad - lo) / res).astype(int) + 1
+    index = np.stack(np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij"), -1).reshape(-1, 2)
+    cells = lo + res * index
+    cost = 1.0 + weight * np.maximum(clearance - box_gaps(cells, footprint, boxes), 0.0) / clearance
+
+    def cell(p: np.ndarray) -> int:  # the grid cell nearest a point
+        ij = np.clip(np.round((p - lo) / res).astype(int), 0, shape - 1)
+        return int(np.ravel_multi_index(tuple(ij), tuple(shape)))
+
+    first, last = cell(start), cell(goal)
+    best, came, todo = {first: 0.0}, {}, [(0.0, first)]
+    while todo:
+        d, i = heapq.heappop(todo)
+        if i == last:
+            break
+        if d > best[i]:
+            continue
+        ix, iy = divmod(i, shape[1])
+        for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (1, -1), (-1, 1), (-1, -1)):
+            jx, jy = ix + dx, iy + dy
+            if 0 <= jx < shape[0] and 0 <= jy < shape[1]:
+                j = jx * shape[1] + jy
+                nd = d + res * np.hypot(dx, dy) * (cost[i] + cost[j]) / 2
+                if nd < best.get(j, np.inf):
+                    best[j], came[j] = nd, i
+                    heapq.heappush(todo, (nd, j))
+    path = [last]
+    while path[-1] != first:
+        path.append(came[path[-1]])
+    path = np.array([start, *cells[path[::-1][1:-1]], goal])
+
+    def price(points: np.ndarray) -> float:  # of the polyline through `points`, sampled every res / 2
+        fine = np.concatenate([a + np.linspace(0.0, 1.0, max(2, int(np.linalg.norm(b - a) / res * 2)))[:, None]
+                               * (b - a) for a, b in zip(points[:-1], points[1:], strict=True)])
+        weights = 1.0 + weight * np.maximum(clearance - box_gaps(fine, footprint, boxes), 0.0) / clearance
+        steps = np.linalg.norm(np.diff(fine, axis=0), axis=1)
+        return float(steps @ (weights[:-1] + weights[1:]) / 2)
+
+    # shortcut: from each kept point straight to the farthest later one that the straight line reaches
+    # no dearer than the grid path does
+    out, i = [], 0
+    while i < len(path) - 1:
+        j = next(j for j in range(len(path) - 1, i, -1)
+                 if j == i + 1 or price(path[[i, j]]) <= price(path[i:j + 1]) + 1e-9)
+        out.append(path[j])
+        i = j
+    return out
+
+
 @dataclass(frozen=True)
 class PushScene:
     """What `Push` reads: the object's box and where its box centre must go (xy)."""
@@ -341,6 +424,7 @@ class PushScene:
     object_top: float
     place: np.ndarray  # (2,) where the object's box centre goes
     floor: float
+    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # xy boxes in its way (lo_x, lo_y, hi_x, hi_y)
 
 
 class PushPhase(enum.Enum):
@@ -352,16 +436,21 @@ class PushPhase(enum.Enum):
 
 @dataclass
 class Push:
+    """Slide a flat object along a path around its neighbours (`push_path`) with the closed fingers
+    pressed on it; if the hand slips off it, go back over it and down again."""
+
     config: ExpertConfig = ExpertConfig()
     speed: float = 0.5  # largest xyz action while pushing
     inset: float = 0.04  # the fingers go down this far inside the object's far edge (a plate's rim), m
     within: float = 0.01  # object centre this close to the place ends the push, m
+    waypoint_within: float = 0.02  # ... this close to a corner of its path turns it toward the next, m
     lead: float = 0.08  # how far ahead of the contact the hand aims while pushing, m
     press: float = 0.008  # end-effector height above the floor while pushing, m (the fingers on the plate's floor)
     phase: PushPhase = PushPhase.BEHIND
     done: bool = False
     _count: int = 0
     _dir: np.ndarray | None = field(default=None, repr=False)
+    _path: list = field(default_factory=list, repr=False)  # corners left to the place, the place last
     _reach: float = 0.0  # eef distance behind the object's centre along the push
     # the hand's long side (the finger axis, 21 cm) along world x, toward the robot: free space in LIBERO's
     # scenes, where cabinets, racks and stoves stand at the table's sides (across the push it hit a
@@ -370,24 +459,35 @@ class Push:
 
     def act(self, s: PushScene) -> np.ndarray:
         c = self.config
-        if self._dir is None:
-            d = s.place - s.object_center[:2]
-            self._dir = d / max(np.linalg.norm(d), 1e-9)
-            # the object's extent along the push (exact for a round plate, its box's ellipse otherwise)
-            self._reach = float(np.linalg.norm(self._dir * s.object_half)) - self.inset
+        if self._dir is None:  # the path is kept: the neighbours it avoids move as the object is pushed
+            self._path = push_path(s.object_center[:2], s.place, s.object_half, s.boxes, c.clearance)
+            self._aim(s)
         self._advance(s)
         limit = self.speed if self.phase is PushPhase.PUSH else 1.0
         return _move(c, self._target(s), s.eef, _angle(self._yaw - s.yaw), 1.0, limit)
 
+    def _aim(self, s: PushScene) -> None:
+        """Push toward the next corner of the path, the fingers down behind the object's centre."""
+        d = self._path[0] - s.object_center[:2]
+        self._dir = d / max(np.linalg.norm(d), 1e-9)
+        # the object's extent along the push (exact for a round plate, its box's ellipse otherwise)
+        self._reach = float(np.linalg.norm(self._dir * s.object_half)) - self.inset
+
     def _advance(self, s: PushScene) -> None:
         c = self.config
         reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
+        if self.phase is PushPhase.PUSH:
+            while len(self._path) > 1 and np.linalg.norm(self._path[0] - s.object_center[:2]) < self.waypoint_within:
+                self._path.pop(0)
         if self.phase is PushPhase.BEHIND and reached() and abs(_angle(self._yaw - s.yaw)) < c.yaw_tolerance:
             self.phase = PushPhase.DOWN
         elif self.phase is PushPhase.DOWN and s.eef[2] < s.floor + self.press + self.config.gain ** -1 * 0.25:
             self.phase = PushPhase.PUSH
-        elif self.phase is PushPhase.PUSH and np.linalg.norm(s.place - s.object_center[:2]) < self.within:
+        elif self.phase is PushPhase.PUSH and np.linalg.norm(self._path[-1] - s.object_center[:2]) < self.within:
             self.phase, self._count = PushPhase.RETREAT, 0
+        elif self.phase is PushPhase.PUSH and np.linalg.norm(s.eef[:2] - s.object_center[:2]) > s.object_half.max():
+            self.phase = PushPhase.BEHIND  # the fingers left the object: over it again, aimed anew
+            self._aim(s)
         elif self.phase is PushPhase.RETREAT:
             self.done = _tick(self, c.retreat_steps)
 
@@ -399,8 +499,8 @@ class Push:
             return np.array([*behind, s.object_top + c.hover])
         if self.phase is PushPhase.DOWN:
             return np.array([*behind, low])
-        if self.phase is PushPhase.PUSH:  # on at full push speed from the hand, toward the place from the object now
-            d = s.place - s.object_center[:2]
+        if self.phase is PushPhase.PUSH:  # on at full push speed from the hand, toward the corner from the object now
+            d = self._path[0] - s.object_center[:2]
             return np.array([*(s.eef[:2] + self.lead * d / max(np.linalg.norm(d), 1e-9)), low])
         return np.array([s.eef[0], s.eef[1], s.object_top + c.hover])
 
@@ -435,7 +535,7 @@ class DrawerScene:
 
 
 class DrawerPhase(enum.Enum):
-    FACE = "face"  # in front of the handle, fingers turned to point at it (open) or down (close)
+    FACE = "face"  # in front of the handle (from above), fingers turned to point at it (open) or down (close)
     REACH = "reach"  # onto the handle: the bar between the fingers (open), the fingers against it (close)
     GRIP = "grip"  # close the fingers on the bar
     MOVE = "move"  # pull (open) or push (close) until the drawer is there
@@ -456,6 +556,9 @@ class Drawer:
     rot_gain: float = 1.5  # rotation action per radian of orientation error
     rot_tolerance: float = 0.08  # orientation error that ends a turning phase, rad
     reach_steps: int = 40  # longest reach onto the handle (the fingers may touch the drawer first)
+    # how close to the point in front of the handle is close enough to reach for it: with the hand
+    # turned, OSC_POSE can settle a centimetre off a target (it held 1.03 cm above it for 200 steps)
+    face_tolerance: float = 0.02
     phase: DrawerPhase = DrawerPhase.FACE
     done: bool = False
     _count: int = 0
@@ -488,7 +591,8 @@ class Drawer:
     def _advance(self, s: DrawerScene) -> None:
         c = self.config
         reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
-        if self.phase is DrawerPhase.FACE and reached() and self._rot_ok(s, self._work):
+        near = np.linalg.norm(self._target(s) - s.eef) < self.face_tolerance
+        if self.phase is DrawerPhase.FACE and near and self._rot_ok(s, self._work):
             self.phase, self._count = DrawerPhase.REACH, 0
         elif self.phase is DrawerPhase.REACH:
             if _tick(self, self.reach_steps) or reached():
@@ -507,6 +611,10 @@ class Drawer:
     def _target(self, s: DrawerScene) -> np.ndarray:
         front = s.handle + s.pull * self.standoff
         if self.phase is DrawerPhase.FACE:
+            # over that point first, then straight down: turned, the hand reaches `hand_half_length` below
+            # the grip site, and swept low on the way it shoved a bowl in front of the drawer
+            if np.linalg.norm((front - s.eef)[:2]) > self.face_tolerance:
+                return front + np.array([0.0, 0.0, self.config.hand_half_length])
             return front
         if self.phase in (DrawerPhase.REACH, DrawerPhase.GRIP):
             # opening: the bar between the finger pads; closing: the finger tips against the bar's front
