@@ -32,10 +32,6 @@ class Acceptance:
 class AcceptanceRule(ABC):
     needs_margins = False  # token_bound reads the target's top-token margins (the verify pass computes them)
     needs_metric = False  # fine_phase reads the step's kinematic metric F (the caller computes it)
-    # The action's first token stays the target's own greedy token, as the paper's prefill emits it:
-    # a fused prefill pass, which drafts it too, then keeps exactly what the paper's order keeps
-    # (relaxing it lost a Meta-World episode AR won).
-    relax_first = False
 
     @abstractmethod
     def token_bound(self, position: int, target_bin: int, margin: float, fine: bool) -> int:
@@ -97,7 +93,10 @@ class AcceptanceRule(ABC):
             seg_sum[i] = dev + (0 if fresh else seg_sum[p])
             total[i] = dev + (0 if p < 0 else total[p])
             seg_bound = self.segment_bound(pos, fine)
-            bound = 0 if pos == 0 and not self.relax_first else self.token_bound(pos, target_bin, margin[p + 1], fine)
+            # the action's first token stays the target's own, as the paper's prefill emits it: a fused
+            # prefill pass, which drafts it too, keeps what the paper's order keeps (relaxing it lost a
+            # Meta-World episode AR won)
+            bound = 0 if pos == 0 else self.token_bound(pos, target_bin, margin[p + 1], fine)
             alive[i] = dev <= bound and (seg_bound is None or seg_sum[i] <= seg_bound)
             key = (depth[i], -total[i])
             if alive[i] and self.ends_segment(pos) and key > best_key:

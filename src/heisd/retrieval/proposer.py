@@ -249,8 +249,7 @@ class RetrievalProposer(Proposer):
         sequences = self._step_sequences = self.config.sequences(result)
         proposal = self._verify_skip(state, result, sequences) if state is not None else None
         if proposal is None:
-            agree = self._agreeing(sequences, emitted)
-            proposal = self._tree(position, sequences[agree if agree.any() else slice(None)])
+            proposal = self._consistent_tree(position, emitted, sequences)
             stats.tree_nodes = len(proposal.tree) if proposal is not None else 0
         stats.tree_ms = (time.perf_counter() - t1) * 1e3
         return proposal
@@ -308,8 +307,7 @@ class RetrievalProposer(Proposer):
         self._missed_first = False
         if self._step_sequences is None:
             return None
-        agree = self._agreeing(self._step_sequences, state.emitted)
-        proposal = self._tree(state.position, self._step_sequences[agree if agree.any() else slice(None)])
+        proposal = self._consistent_tree(state.position, state.emitted, self._step_sequences)
         self._stats.first_retry = proposal is not None
         return proposal
 
@@ -322,6 +320,11 @@ class RetrievalProposer(Proposer):
         if proposal is not None:
             self._stats.continuations += 1
         return proposal
+
+    def _consistent_tree(self, position: int, emitted: list[int], sequences: np.ndarray) -> Proposal | None:
+        """The tree of the results that agree with the emitted tokens, or of all of them when none does."""
+        agree = self._agreeing(sequences, emitted)
+        return self._tree(position, sequences[agree if agree.any() else slice(None)])
 
     def _tree(self, position: int, sequences: np.ndarray) -> Proposal | None:
         weights = self.config.rank_decay ** np.arange(len(sequences), dtype=np.float64)
