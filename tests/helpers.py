@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import h5py
@@ -83,3 +84,26 @@ def write_libero_demo_file(path: Path, episodes: int = 2, steps: int = 20, size:
             t = np.linspace(0, 1, steps)[:, None]
             g["obs/ee_pos"] = (np.array([0.0, 0.2, 1.0]) + t * rng.normal(0, 0.1, 3)).astype(np.float32)
             g["obs/gripper_states"] = np.repeat(np.array([[0.04, -0.04]]), steps, 0).astype(np.float32)
+
+
+def write_libero_layout_file(path: Path, task: str, suite: str, instruction: str, episodes: int = 2,
+                             steps: int = 6, size: int = 256, seed: int = 0) -> None:
+    """A `<task>_demo.hdf5` in LIBERO's own layout (as `heisd demos` records LIBERO): random frames stored
+    upside down, 7-D actions with the gripper at -1 (open) then +1 (closed)."""
+    rng = np.random.default_rng(seed)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["problem_info"] = json.dumps({"problem_name": "libero_tabletop_manipulation",
+                                                 "language_instruction": instruction})
+        data.attrs["bddl_file_name"] = f"libero/libero/bddl_files/{suite}/{task}.bddl"
+        data.attrs["env_args"] = json.dumps({"type": 1})
+        data.attrs["num_demos"] = episodes
+        for i in range(episodes):
+            g = data.create_group(f"demo_{i}")
+            grip = np.where(np.arange(steps) < steps // 2, -1.0, 1.0)[:, None]
+            g["actions"] = np.concatenate([rng.uniform(-0.9, 0.9, (steps, 6)), grip], 1).astype(np.float32)
+            g["obs/agentview_rgb"] = rng.integers(0, 256, (steps, size, size, 3), dtype=np.uint8)
+            g["obs/ee_pos"] = rng.normal(0, 0.1, (steps, 3)).astype(np.float32)
+            g["obs/gripper_states"] = np.repeat(np.array([[0.04, -0.04]]), steps, 0).astype(np.float32)
+            g["states"] = rng.normal(size=(steps, 10))
+            g.attrs["success"] = True

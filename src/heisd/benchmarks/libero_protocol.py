@@ -71,6 +71,17 @@ def openvla_image(frame: np.ndarray, crop: bool = False, size: int = OPENVLA_IMA
     return center_crop(image) if crop else image
 
 
+def openvla_gripper_label(actions: np.ndarray) -> np.ndarray:
+    """LIBERO's actions (gripper -1 open, +1 close) -> OpenVLA's training labels: the gripper clipped to
+    [0, 1] and inverted (1 = open, 0 = closed), as its LIBERO dataset transform does; `openvla_gripper`
+    maps the model's output back."""
+    out = np.array(actions, dtype=np.float32, copy=True)
+    if out.shape[-1] != ACTION_DIM:
+        raise ValueError(f"expected {ACTION_DIM}-D LIBERO actions, got shape {out.shape}")
+    out[..., -1] = 1.0 - np.clip(out[..., -1], 0.0, 1.0)
+    return out
+
+
 def openvla_gripper(action: np.ndarray) -> np.ndarray:
     """OpenVLA's gripper output in [0, 1] (1 = open) -> LIBERO's gripper command (-1 open, +1 close):
     2a - 1, binarized by sign, then inverted. The first six dimensions pass through."""

@@ -73,7 +73,7 @@ def default_max_steps(benchmark: str) -> int:
 
 
 def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps: int | None = None,
-             protocol: str = "raw", crop: bool = False):
+             protocol: str = "raw", crop: bool = False, fast_render: bool | None = None):
     """One task's environment. LIBERO: agentview at `image_size`; `camera` is mw's. `max_steps`: the
     episode's steps (LIBERO: policy steps after the wait steps); None = `default_max_steps`.
     `protocol` is the target's (`TargetSpec.protocol`): "openvla" renders at the protocol's 256 px and
@@ -85,7 +85,8 @@ def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps:
         from heisd.benchmarks.libero import PROTOCOL_RENDER_SIZE, LiberoConfig, LiberoEnv
 
         size = PROTOCOL_RENDER_SIZE if protocol == "openvla" else image_size
-        return LiberoEnv(benchmark, task, LiberoConfig(image_size=size, fast_render=protocol == "raw",
+        fast = protocol == "raw" if fast_render is None else fast_render
+        return LiberoEnv(benchmark, task, LiberoConfig(image_size=size, fast_render=fast,
                                                        max_steps=max_steps, protocol=protocol, crop=crop))
     from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "Train the target VLA (CNN + Llama, OpenVLA action tokens) on demonstrations."
+HELP = ("Train a target on demonstrations: heisd's small VLA (CNN + Llama, OpenVLA action tokens) or, with "
+        "--arch openvla, OpenVLA's architecture at a small shape, saved in OpenVLA's file layout.")
 
 # actions per inference: Meta-World 2 x 4 dims = 8 tokens (close to OpenVLA's 7); LIBERO 1 x 7
 CHUNK = {"mw": 2, "libero": 1}
@@ -14,6 +15,10 @@ CHUNK = {"mw": 2, "libero": 1}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark", choices=sorted(CHUNK), default="mw",
                         help="sets the action chunk (mw: 2 actions x 4 dims = 8 tokens)")
+    parser.add_argument("--arch", choices=("vla", "openvla"), default="vla",
+                        help="vla: heisd's small target; openvla: OpenVLA's fused ViTs, projector and Llama at the "
+                             "'small' shape (256 px LIBERO demonstrations with --shadows, through OpenVLA's frame "
+                             "pipeline; the checkpoint loads through the native OpenVLA loader)")
     parser.add_argument("--demos", type=Path, nargs="+", required=True, help="HDF5 demonstration files")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
     parser.add_argument("--steps", type=int, default=8000,
@@ -37,14 +42,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the model size flags are then ignored")
     parser.add_argument("--skip-invalid-episodes", action="store_true",
                         help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="--arch openvla: processes preparing frames (JPEG + Lanczos, ~15 ms each); default --threads")
     size = parser.add_argument_group("model size (ignored with --resume and --init-from)")
-    size.add_argument("--hidden-size", type=int, default=192, help="LLM width (MLP 4x, 4 heads)")
-    size.add_argument("--layers", type=int, default=4, help="LLM decoder layers")
-    size.add_argument("--image-size", type=int, default=64, help="frames are resized to this square")
-    size.add_argument("--vision-channels", default="32,64,128,128", help="one stride-2 stage per entry")
-    size.add_argument("--shift-pad", type=int, default=1,
-                      help="random-shift augmentation in pixels at --image-size (DrQ); it also shifts where "
-                           "objects appear, so it blurs absolute positions by as much")
+    size.add_argument("--hidden-size", type=int, default=None,
+                      help="LLM width (MLP 4x, 4 heads); default 192 (vla) or the openvla shape's 128")
+    size.add_argument("--layers", type=int, default=None, help="LLM decoder layers; default 4")
+    size.add_argument("--image-size", type=int, default=64, help="vla: frames are resized to this square "
+                      "(openvla: always the protocol's 224)")
+    size.add_argument("--vision-channels", default="32,64,128,128", help="vla: one stride-2 stage per entry")
+    size.add_argument("--shift-pad", type=int, default=None,
+                      help="random-shift augmentation in pixels at the model's input size (DrQ); it also shifts "
+                           "where objects appear, so it blurs absolute positions by as much; default 1 (vla, 64 px) "
+                           "or 3 (openvla, 224 px)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.resume and args.overwrite:
         raise UsageError("--resume continues the run in --out, --overwrite replaces it: pass one of them")
-    if args.shift_pad < 0:
+    if args.shift_pad is not None and args.shift_pad < 0:
         raise UsageError(f"--shift-pad must be >= 0 pixels, got {args.shift_pad}")
     torch.set_num_threads(args.threads)
     device = torch_device(args.device)
@@ -65,16 +75,36 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                       seed=args.seed, val_fraction=args.val_fraction, eval_every=args.eval_every,
                       save_every=args.save_every)
-    overrides = {"hidden_size": args.hidden_size, "n_layers": args.layers,
-                 "intermediate_size": 4 * args.hidden_size, "image_size": args.image_size,
+    if args.arch == "openvla":
+        metrics = _train_openvla(args, cfg, str(device))
+        print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
+        return 0
+    hidden = 192 if args.hidden_size is None else args.hidden_size
+    overrides = {"hidden_size": hidden, "n_layers": 4 if args.layers is None else args.layers,
+                 "intermediate_size": 4 * hidden, "image_size": args.image_size,
                  "vision_channels": tuple(int(c) for c in args.vision_channels.split(",")),
-                 "shift_pad": args.shift_pad}
+                 "shift_pad": 1 if args.shift_pad is None else args.shift_pad}
     metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
                     overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
                     init_from=args.init_from, device=str(device))
     print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
     return 0
+
+
+def _train_openvla(args: argparse.Namespace, cfg, device: str) -> dict:
+    from heisd.errors import UsageError
+    from heisd.targets.openvla.train import OpenVLAShape, train_openvla
+
+    if args.benchmark != "libero":
+        raise UsageError("--arch openvla trains on LIBERO demonstrations: pass --benchmark libero")
+    if args.init_from is not None:
+        raise UsageError("--init-from fine-tunes heisd's small VLA; --arch openvla starts a new model (or --resume)")
+    shape = OpenVLAShape(hidden_size=args.hidden_size, layers=args.layers,
+                         shift_pad=3 if args.shift_pad is None else args.shift_pad)
+    return train_openvla(list(args.demos), args.out, cfg, shape, resume=args.resume, overwrite=args.overwrite,
+                         skip_invalid=args.skip_invalid_episodes, device=device,
+                         workers=args.threads if args.workers is None else args.workers)
 
 
 def _registry_instructions(benchmark: str) -> list[str]:

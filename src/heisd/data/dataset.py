@@ -175,6 +175,13 @@ class DemoFile:
     def __len__(self) -> int:
         return len(self._names)
 
+    def summary(self, name: str) -> tuple[np.ndarray, bool]:
+        """(actions, success) of one episode, without reading its frames."""
+        if name not in self._names:
+            raise DemoFormatError(f"{self.path}: no episode data/{name}")
+        g = self._data[name]
+        return np.asarray(g["actions"][()], dtype=np.float32), bool(g.attrs.get("success", True))
+
     def episode(self, name: str) -> Episode:
         if name not in self._names:
             raise DemoFormatError(f"{self.path}: no episode data/{name}")

@@ -35,6 +35,7 @@ class DemoConfig:
     expert_labels: bool = False  # DAgger: the target acts, the recorded actions are the expert's
     benchmark: str = "mw"  # mw or a LIBERO suite with experts (heisd.benchmarks.libero_experts)
     render: bool = True  # False: no frames (measuring the expert, `measure_expert`); nothing to write
+    shadows: bool = False  # LIBERO: render shadows and reflections as OpenVLA's protocol does (its targets saw them)
 
     def __post_init__(self) -> None:
         from heisd.errors import UsageError
@@ -45,6 +46,8 @@ class DemoConfig:
             raise UsageError("expert labels need a target checkpoint as the acting policy (--policy DIR)")
         if not self.render and self.policy != "expert":
             raise UsageError("the target reads frames: its rollouts are always rendered")
+        if self.shadows and self.benchmark == "mw":
+            raise UsageError("--shadows is a LIBERO setting (Meta-World frames are always rendered alike)")
         if self.benchmark != "mw":
             from heisd.benchmarks.libero_experts import check_expert_suite
 
@@ -100,7 +103,8 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
 
     libero = is_libero(cfg.benchmark)
     policy = None if cfg.source == "expert" else _target_policy(cfg.policy, cfg.benchmark)
-    env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, None if libero else cfg.max_steps)
+    env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, None if libero else cfg.max_steps,
+                   fast_render=not cfg.shadows)
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})

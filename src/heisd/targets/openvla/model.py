@@ -23,6 +23,7 @@ from heisd.targets.openvla.config import ActionStats, OpenVLAConfig
 from heisd.targets.openvla.preprocess import ImagePreprocessor
 from heisd.targets.openvla.prompt import PromptEncoder
 from heisd.targets.openvla.weights import files_fingerprint
+from heisd.targets.vla.vision import random_shift
 
 
 def llama_config(config: OpenVLAConfig, attn_implementation: str) -> LlamaConfig:
@@ -42,6 +43,8 @@ class OpenVLAParts:
 
 
 class OpenVLA(nn.Module):
+    train_shift_pad = 0  # random-shift augmentation (pixels) in training mode; set by the trainer, never saved
+
     def __init__(self, parts: OpenVLAParts, attn_implementation: str):
         super().__init__()
         config = parts.config
@@ -89,6 +92,8 @@ class OpenVLA(nn.Module):
         """uint8 [B, H, W, 3] -> projected patch embeddings [B, N, d]."""
         w = self.projector.fc1.weight
         pixels = self.parts.preprocess(images).to(device=w.device, dtype=w.dtype)
+        if self.training and self.train_shift_pad > 0:
+            pixels = random_shift(pixels, self.train_shift_pad)  # both views shift together: one stacked image
         return self.projector(self.vision_backbone(pixels))
 
     def encode_observation(self, images: torch.Tensor, prompt_ids: torch.Tensor,

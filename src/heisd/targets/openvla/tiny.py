@@ -44,10 +44,10 @@ def write_tiny_openvla(out: str | Path, seed: int = 0, shards: int = 2) -> dict[
         vocab = parts.config.vocab_size
         tensors = random_tensors({**expected, **ignorable}, seed, torch.device("cpu"), STORAGE_DTYPE,
                                  range(vocab - parts.config.n_action_bins, vocab))
-        return _save_sharded(tmp, tensors, shards)
+        return save_sharded(tmp, tensors, shards)
 
 
-def _save_sharded(out: Path, tensors: dict[str, torch.Tensor], shards: int) -> dict[str, int]:
+def save_sharded(out: Path, tensors: dict[str, torch.Tensor], shards: int) -> dict[str, int]:
     names = shard_names(shards)
     groups: list[dict[str, torch.Tensor]] = [{} for _ in names]
     sizes = [0] * shards

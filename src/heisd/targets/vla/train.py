@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -61,14 +61,14 @@ def _lr_lambda(cfg: TrainConfig):
     return f
 
 
-def _optimizer(model: VLA, cfg: TrainConfig) -> torch.optim.AdamW:
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                               {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def action_loss(model: VLA, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def action_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy over the action tokens only, and the logits [B, n, V] that gave it."""
     out = model.teacher_forced(batch["images"], batch["prompt_ids"], batch["state"],
                                batch["action_ids"], batch["prompt_mask"])
@@ -77,7 +77,7 @@ def action_loss(model: VLA, batch: dict[str, torch.Tensor]) -> tuple[torch.Tenso
 
 
 @torch.no_grad()
-def evaluate(model: VLA, frames: Frames, max_frames: int, batch_size: int = 256) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, frames: Frames, max_frames: int, batch_size: int = 256) -> dict[str, float]:
     """Teacher-forced greedy metrics on held-out frames (an evenly spaced subset if large)."""
     was_training = model.training
     model.eval()
@@ -159,19 +159,24 @@ def _initial_model(directory: Path, chunk: int) -> VLA:
 
 
 @dataclass
-class _Setup:
-    model: VLA
+class TrainingSetup:
+    """What a training run needs besides its config: the model kind's own part (heisd's VLA here,
+    OpenVLA's architecture in `heisd.targets.openvla.train`); `fit` runs the loop shared by both."""
+
+    model: torch.nn.Module  # has teacher_forced, action_tokenizer and fingerprint() as a Target
     train_frames: Frames
     val_frames: Frames | None
     data: dict  # episode/frame counts, checked again on resume
     dropped: int  # failed demonstrations left out
     invalid: int  # demonstrations with unusable data left out (skip_invalid)
     state: dict | None  # train_state.pt contents when resuming
+    save_model: Callable[[Path], None]  # writes the inference files into the run directory
+    model_config: dict  # recorded in train_info.json
 
 
 def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides: dict, resume: bool,
            benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
-           init_from: Path | None) -> tuple[_Setup, TrainConfig]:
+           init_from: Path | None) -> tuple[TrainingSetup, TrainConfig]:
     state, model = None, None
     if init_from is not None and not resume:
         model = _initial_model(init_from, chunk)
@@ -194,7 +199,8 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
             "val_frames": len(frames[1]) if frames[1] else 0}
     if state is not None and state["data"] != data:
         raise InputError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
-    return _Setup(model, frames[0], frames[1], data, dropped, invalid, state), cfg
+    return TrainingSetup(model, frames[0], frames[1], data, dropped, invalid, state, model.save_pretrained,
+                         model.config.to_dict()), cfg
 
 
 def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
@@ -213,28 +219,38 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     `device`: where the model and all frames live while training (the saved files are the same);
     a run resumed on another device continues the same schedule, not the same random stream.
     """
-    out = Path(out)
-    replace = not resume and check_output(out, TRAINING_RUN, overwrite, resume_flag="--resume")
+    def body() -> dict:
+        started = time.perf_counter()
+        setup, run_cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions,
+                                skip_invalid, init_from)
+        return fit(setup, out, run_cfg, paths, init_from, torch.device(device), started)
+
+    return guarded_run(Path(out), TRAINING_RUN, resume, overwrite, body)
+
+
+def guarded_run(out: Path, kind: OutputKind, resume: bool, overwrite: bool, body: Callable[[], dict]) -> dict:
+    """Run `body` holding `out`'s lock: an existing run needs `resume` or `overwrite`, and a run that
+    fails before its first resume point leaves nothing behind."""
+    replace = not resume and check_output(out, kind, overwrite, resume_flag="--resume")
     with directory_lock(out):
         if replace:
-            clear_output(out, TRAINING_RUN)
+            clear_output(out, kind)
         try:
-            return _train(paths, out, cfg, chunk, model_overrides, resume, benchmark, instructions, skip_invalid,
-                          init_from, torch.device(device))
+            return body()
         except Exception:
             # a refused run (bad data, a full disk) before its first resume point leaves nothing: its
             # log alone would make `out` look like no heisd run; the lock removes a folder it made
             if not (out / TRAIN_STATE_FILE).is_file():
-                clear_output(out, TRAINING_RUN)
+                clear_output(out, kind)
             raise
 
 
-def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_overrides: dict | None,
-           resume: bool, benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
-           init_from: Path | None, device: torch.device) -> dict:
-    wall0 = time.perf_counter()
-    setup, cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions, skip_invalid,
-                        init_from)
+def fit(setup: TrainingSetup, out: Path, cfg: TrainConfig, paths: Sequence[Path], init_from: Path | None,
+        device: torch.device, started: float) -> dict:
+    """The loop: batches, AdamW with warmup and cosine decay, validation lines, checkpoints with the
+    complete resume state. Returns the last logged metrics. `started`: when the run began reading its
+    data (`time.perf_counter()`), for the recorded wall time."""
+    wall0 = started
     model, data, state = setup.model.to(device), setup.data, setup.state
     train_frames = setup.train_frames.to(device)
     val_frames = setup.val_frames.to(device) if setup.val_frames is not None else None
@@ -257,7 +273,7 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
             "dropped_failed_episodes": setup.dropped, "dropped_invalid_episodes": setup.invalid, "threads": torch.get_num_threads(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
             "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
-            "model_config": model.config.to_dict()}
+            "model_config": setup.model_config}
     metrics: dict = {}
     loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
     # closed on an error too, before the command line prints it (as the last line)
@@ -288,7 +304,7 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
                 loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
             if step % cfg.save_every == 0 or step == cfg.steps:
                 now = train_time + time.perf_counter() - t0
-                _save(model, out, {"step": step, "train_time_s": now, "train_config": asdict(cfg), "data": data,
+                _save(setup.save_model, out, {"step": step, "train_time_s": now, "train_config": asdict(cfg), "data": data,
                                    "model": model.state_dict(), "optimizer": opt.state_dict(),
                                    "scheduler": sched.state_dict(), "sampler": sampler.state_dict(),
                                    "torch_rng": torch.get_rng_state()})
@@ -298,10 +314,10 @@ def _train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, model_ove
     return metrics
 
 
-def _save(model: VLA, out: Path, train_state: dict) -> None:
+def _save(save_model: Callable[[Path], None], out: Path, train_state: dict) -> None:
     """Checkpoint files first, train_state last: resume reads the weights from train_state,
     so a crash in between leaves a consistent (older) resume point."""
-    model.save_pretrained(out)
+    save_model(out)
     with atomic_file(out / TRAIN_STATE_FILE) as tmp, open(tmp, "wb") as f:
         torch.save(train_state, f)  # through Python's file: a full disk is an OSError (to a path: a bare RuntimeError)
 

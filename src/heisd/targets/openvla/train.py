@@ -1,0 +1,211 @@
+"""Behaviour cloning of an OpenVLA-architecture target (`heisd train-vla --arch openvla`).
+
+The model is OpenVLA's (fused DINOv2 + SigLIP ViTs -> GELU MLP projector -> Llama, patches
+after BOS), at a shape this machine can train (`synthetic.SHAPES`), trained end to end, and
+saved in OpenVLA's file layout (config.json with norm_stats, preprocessor_config.json, the
+tokenizer files, bf16 safetensors), so the native loader reads it like any OpenVLA checkpoint.
+Frames and labels follow OpenVLA's LIBERO fine-tuning data: upright 256 px frames through the
+protocol's JPEG round trip and Lanczos resize to 224 (`openvla_image`, what its evaluation
+feeds), the gripper as 1 = open, 0 = closed, q01/q99 statistics with the gripper unnormalized.
+The loop, checkpoints and resume are `heisd.targets.vla.train`'s.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from heisd.benchmarks.libero_protocol import openvla_gripper_label, openvla_image
+from heisd.data.dataset import DemoFile, DemoFormatError
+from heisd.errors import InputError, UsageError
+from heisd.storage import OutputKind
+from heisd.storage.guard import has_file, json_with
+from heisd.targets.openvla.config import CONFIG_FILE, PREPROCESSOR_FILE
+from heisd.targets.openvla.load import ATTENTION, file_shapes, finish, load_openvla, read_parts
+from heisd.targets.openvla.model import OpenVLA
+from heisd.targets.openvla.standin_tokenizer import save_standin_tokenizer
+from heisd.targets.openvla.synthetic import SHAPES, config_dict, preprocessor_dict, random_tensors
+from heisd.targets.openvla.tiny import save_sharded
+from heisd.targets.openvla.weights import to_file_key
+from heisd.targets.vla.frames import Frames, chunk_targets
+from heisd.targets.vla.train import (INFO_FILE, LOG_FILE, TRAIN_STATE_FILE, TrainConfig, TrainingSetup, _split, fit,
+                                     guarded_run)
+
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+STATIC_FILES = (CONFIG_FILE, PREPROCESSOR_FILE, *TOKENIZER_FILES)
+OPENVLA_RUN = OutputKind(
+    "OpenVLA training run", lambda p: has_file(TRAIN_STATE_FILE)(p) or json_with(INFO_FILE, "model_config")(p),
+    files=(*STATIC_FILES, WEIGHTS_FILE, TRAIN_STATE_FILE, LOG_FILE, INFO_FILE))
+UNUSED_SEED = 0  # the never-run ViT keys a real file holds (last block, norm, pool head) are random
+
+
+@dataclass(frozen=True)
+class OpenVLAShape:
+    """What `--arch openvla` may change of `synthetic.SHAPES[base]`."""
+
+    base: str = "small"
+    hidden_size: int | None = None  # Llama width (MLP 4x); None = the base shape's
+    layers: int | None = None  # Llama decoder layers; None = the base shape's
+    shift_pad: int = 3  # random-shift augmentation, pixels at 224 (the small targets' 1 px at 64)
+
+    def config(self, norm_stats: dict) -> dict:
+        if self.base not in SHAPES:
+            raise UsageError(f"unknown OpenVLA shape {self.base!r}; known: {', '.join(SHAPES)}")
+        config = config_dict(self.base)
+        text = config["text_config"]
+        if self.hidden_size is not None:
+            text.update(hidden_size=self.hidden_size, intermediate_size=4 * self.hidden_size)
+        if self.layers is not None:
+            text["num_hidden_layers"] = self.layers
+        config["norm_stats"] = copy.deepcopy(norm_stats)
+        return config
+
+
+def action_statistics(labels: np.ndarray, n_episodes: int) -> dict:
+    """OpenVLA's dataset statistics entry for `labels` [N, 7] (gripper last, already 1 = open)."""
+    a = labels.astype(np.float64)
+    stat = {name: fn(a, axis=0).tolist() for name, fn in (("mean", np.mean), ("std", np.std), ("max", np.max),
+                                                            ("min", np.min))}
+    stat.update(q01=np.quantile(a, 0.01, axis=0).tolist(), q99=np.quantile(a, 0.99, axis=0).tolist(),
+                mask=[True] * (a.shape[1] - 1) + [False])  # OpenVLA normalizes every dimension but the gripper
+    return {"action": stat, "num_transitions": int(len(a)), "num_trajectories": int(n_episodes)}
+
+
+def _episodes(paths: Sequence[Path], skip_invalid: bool) -> tuple[list[tuple[Path, str, str, np.ndarray]], int, int,
+                                                                  str]:
+    """(file, episode, instruction, labels) of every successful episode, failed ones dropped, invalid ones,
+    and the norm_stats key: the files' LIBERO suite when they agree, else "libero"."""
+    kept, dropped, invalid, suites = [], 0, 0, set()
+    for path in paths:
+        with DemoFile(path, skip_invalid) as f:
+            if f.libero is None:
+                raise DemoFormatError(f"{path}: not a LIBERO demonstration file; --arch openvla trains on LIBERO "
+                                      "files recorded at 256 px (`heisd demos --image-size 256 --shadows`)")
+            invalid += len(f.skipped)
+            suites.add(f.libero.suite)
+            for name in f.episode_names():
+                actions, success = f.summary(name)
+                if not success and f.attrs.get("source") != "dagger":
+                    dropped += 1
+                    continue
+                kept.append((Path(path), name, f.libero.instruction, openvla_gripper_label(actions)))
+    if not kept:
+        raise DemoFormatError(f"no successful episodes in {[str(p) for p in paths]}")
+    return kept, dropped, invalid, suites.pop() if len(suites) == 1 else "libero"
+
+
+def _episode_frames(job: tuple[Path, str]) -> np.ndarray:
+    """One episode's frames as the target sees them (a worker process's job)."""
+    path, name = job
+    with DemoFile(path) as f:
+        images = f.episode(name).images
+    return np.stack([openvla_image(frame) for frame in images])
+
+
+def read_frames(episodes: list[tuple[Path, str, str, np.ndarray]], model: OpenVLA, workers: int) -> Frames:
+    """The episodes' frames, prompts and action tokens. Frames go through `openvla_image` in `workers`
+    processes, straight into one preallocated array (a few GB: never held twice)."""
+    n = sum(len(labels) for *_, labels in episodes)
+    size = model.spec.image_size
+    images = torch.empty((n, size, size, 3), dtype=torch.uint8)
+    prompts = [model.parts.prompt.encode(instruction) for _, _, instruction, _ in episodes]
+    width = max(len(p) for p in prompts)
+    prompt_ids = torch.full((len(episodes), width), model.parts.prompt.pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(episodes), width), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left-padded, as teacher_forced's prompt_mask expects
+        prompt_ids[i, width - len(p):] = torch.tensor(p)
+        prompt_mask[i, width - len(p):] = 1
+    tok = model.action_tokenizer
+    jobs = [(path, name) for path, name, _, _ in episodes]
+    row = 0
+    with ProcessPoolExecutor(max(1, workers)) as pool, tqdm(total=n, desc="frames", unit="frame") as bar:
+        for (*_, labels), frames in zip(episodes, pool.map(_episode_frames, jobs)):
+            if frames.shape[1:] != (size, size, 3):
+                raise DemoFormatError(f"frames of shape {frames.shape[1:]}, expected {(size, size, 3)}")
+            images[row:row + len(frames)] = torch.from_numpy(frames)
+            row += len(frames)
+            bar.update(len(frames))
+    ids = [tok.encode(chunk_targets(labels, 1)).reshape(len(labels), -1) for *_, labels in episodes]
+    return Frames(images=images, states=torch.zeros((n, 0)), action_ids=torch.from_numpy(np.concatenate(ids)),
+                  prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                  episode=torch.cat([torch.full((len(lab),), i, dtype=torch.long)
+                                     for i, (*_, lab) in enumerate(episodes)]))
+
+
+def new_model(out: Path, config: dict, seed: int) -> OpenVLA:
+    """Write the checkpoint's static files into `out` and build the model they describe, freshly initialized:
+    the Llama as `transformers` initializes it, the ViTs with timm's small-normal position embeddings."""
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    (out / PREPROCESSOR_FILE).write_text(json.dumps(preprocessor_dict(), indent=2))
+    save_standin_tokenizer(out)
+    torch.manual_seed(seed)
+    model = OpenVLA(read_parts(out, unnorm_key=None, weights=(WEIGHTS_FILE,)), ATTENTION)
+    for name, p in model.vision_backbone.named_parameters():
+        if name.endswith(("pos_embed", "cls_token", "reg_token")):  # zeros otherwise: no position signal
+            torch.nn.init.trunc_normal_(p, std=0.02)
+    return finish(model, torch.device("cpu"))
+
+
+def save_weights(model: OpenVLA, out: Path) -> None:
+    """model.safetensors in OpenVLA's key names and dtype (bf16), with the never-run keys a real file holds."""
+    _, ignorable = file_shapes(model)
+    vocab = model.parts.config.vocab_size
+    tensors = random_tensors(ignorable, UNUSED_SEED, torch.device("cpu"), torch.bfloat16,
+                             range(vocab - model.parts.config.n_action_bins, vocab))
+    tensors.update({to_file_key(k): v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()})
+    for stale in [p for p in out.glob("model-*-of-*.safetensors")]:  # one file: a shard set would shadow it
+        stale.unlink()
+    save_sharded(out, tensors, shards=1)
+    model._fingerprint = None  # the weights changed: hash the files again when asked
+
+
+def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLAShape, resume: bool = False,
+                  overwrite: bool = False, skip_invalid: bool = False, device: str = "cpu", workers: int = 1) -> dict:
+    """Train (or resume) an OpenVLA-architecture target on LIBERO demonstrations; the last logged metrics.
+    `workers`: processes preparing frames. Resume, overwrite and the lock are as `vla.train.train`."""
+    out = Path(out)
+
+    def body() -> dict:
+        started = time.perf_counter()
+        episodes, dropped, invalid, name = _episodes(paths, skip_invalid)
+        state = None
+        if resume:
+            if not (out / TRAIN_STATE_FILE).is_file():
+                raise UsageError(f"--resume: no {TRAIN_STATE_FILE} in {out} (nothing to continue)")
+            state = torch.load(out / TRAIN_STATE_FILE, weights_only=True, map_location="cpu")
+            run_cfg = TrainConfig(**{**state["train_config"], "steps": cfg.steps, "eval_every": cfg.eval_every,
+                                     "save_every": cfg.save_every})
+            model = load_openvla(out)
+            model.load_state_dict(state["model"])
+        else:
+            run_cfg = cfg
+            labels = np.concatenate([lab for *_, lab in episodes])
+            stats = {name: action_statistics(labels, len(episodes))}
+            out.mkdir(parents=True, exist_ok=True)
+            model = new_model(out, shape.config(stats), run_cfg.seed)
+        model.train_shift_pad = shape.shift_pad
+        train_eps, val_eps = _split(len(episodes), run_cfg.val_fraction, run_cfg.seed)
+        frames = [read_frames([episodes[i] for i in eps], model, workers) if eps else None
+                  for eps in (train_eps, val_eps)]
+        data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(frames[0]),
+                "val_frames": len(frames[1]) if frames[1] else 0}
+        if state is not None and state["data"] != data:
+            raise InputError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
+        config = json.loads((out / CONFIG_FILE).read_text())
+        config.pop("norm_stats")
+        setup = TrainingSetup(model, frames[0], frames[1], data, dropped, invalid, state,
+                              lambda o: save_weights(model, o), {"arch": "openvla", **config,
+                                                                  "shift_pad": shape.shift_pad})
+        return fit(setup, out, run_cfg, paths, None, torch.device(device), started)
+
+    return guarded_run(out, OPENVLA_RUN, resume, overwrite, body)

@@ -1,0 +1,138 @@
+"""`train-vla --arch openvla`: OpenVLA's architecture trained on LIBERO files, saved in its file layout."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers import write_libero_layout_file
+
+from heisd.benchmarks.libero_protocol import openvla_gripper, openvla_gripper_label
+from heisd.data.dataset import DemoFormatError
+from heisd.errors import UsageError
+from heisd.targets.load import load_target
+from heisd.targets.openvla.train import OpenVLAShape, action_statistics, train_openvla
+from heisd.targets.vla.train import TrainConfig
+
+SOUP = ("pick_up_the_alphabet_soup_and_place_it_in_the_basket", "pick up the alphabet soup and place it in the basket")
+MILK = ("pick_up_the_milk_and_place_it_in_the_basket", "pick up the milk and place it in the basket")
+TINY = OpenVLAShape(base="tiny", shift_pad=2)
+
+
+def _demos(tmp_path, size=256):
+    paths = []
+    for i, (task, instruction) in enumerate((SOUP, MILK)):
+        path = tmp_path / f"{task}_demo.hdf5"
+        write_libero_layout_file(path, task, "libero_object", instruction, episodes=3, steps=5, size=size, seed=i)
+        paths.append(path)
+    return paths
+
+
+def _cfg(steps):
+    return TrainConfig(steps=steps, batch_size=4, lr=1e-3, warmup_steps=1, val_fraction=0.2, eval_every=2,
+                       save_every=2)
+
+
+def test_gripper_labels_are_openvlas_and_invert_back():
+    actions = np.array([[0.1, 0, 0, 0, 0, 0, -1.0], [0, 0.2, 0, 0, 0, 0, 1.0]])
+    labels = openvla_gripper_label(actions)
+    assert labels[:, -1].tolist() == [1.0, 0.0]  # 1 = open, as OpenVLA's LIBERO data
+    assert np.allclose(labels[:, :6], actions[:, :6])
+    assert openvla_gripper(labels)[:, -1].tolist() == [-1.0, 1.0]
+
+
+def test_statistics_leave_the_gripper_unnormalized():
+    labels = np.random.default_rng(0).uniform(-1, 1, (200, 7))
+    stat = action_statistics(labels, 4)
+    assert stat["action"]["mask"] == [True] * 6 + [False]
+    assert stat["num_transitions"] == 200 and stat["num_trajectories"] == 4
+    assert np.allclose(stat["action"]["q01"], np.quantile(labels, 0.01, axis=0))
+
+
+def test_trained_checkpoint_loads_through_the_native_loader(tmp_path):
+    out = tmp_path / "run"
+    metrics = train_openvla(_demos(tmp_path), out, _cfg(4), TINY)
+    assert metrics["step"] == 4 and np.isfinite(metrics["val_loss"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "openvla" and list(config["norm_stats"]) == ["libero_object"]
+    assert {p.name for p in out.iterdir()} >= {"model.safetensors", "tokenizer.json", "preprocessor_config.json",
+                                               "train_state.pt", "train_info.json", "train_log.jsonl"}
+    target = load_target(out)  # OpenVLA's loader: every key and shape checked against config.json
+    trained = torch.load(out / "train_state.pt", weights_only=True)["model"]
+    loaded = target.state_dict()
+    assert set(loaded) == set(trained)
+    for key, value in trained.items():  # the file holds the trained weights in bf16, as OpenVLA's do
+        assert torch.equal(loaded[key], value.to(torch.bfloat16).float()), key
+    info = json.loads((out / "train_info.json").read_text())
+    assert info["fingerprint"] == target.fingerprint()  # what drafters and datastores are checked against
+    assert target.spec.image_size == 224 and target.spec.protocol == "openvla"
+
+
+def test_frames_and_labels_are_what_the_protocol_feeds(tmp_path):
+    from heisd.benchmarks.libero_protocol import openvla_image
+    from heisd.data.dataset import DemoFile
+    from heisd.targets.openvla.train import _episodes, new_model, read_frames
+
+    paths = _demos(tmp_path)
+    episodes, dropped, invalid, name = _episodes(paths, False)
+    assert (len(episodes), dropped, invalid, name) == (6, 0, 0, "libero_object")
+    stats = {name: action_statistics(np.concatenate([e[3] for e in episodes]), len(episodes))}
+    (tmp_path / "m").mkdir()
+    model = new_model(tmp_path / "m", TINY.config(stats), seed=0)
+    frames = read_frames(episodes[:2], model, workers=1)
+    with DemoFile(paths[0]) as f:
+        ep = f.episode("demo_0")
+    assert torch.equal(frames.images[0], torch.from_numpy(openvla_image(ep.images[0])))
+    decoded = model.action_tokenizer.decode(frames.action_ids[:5].numpy())
+    tok = model.action_tokenizer  # within a bin of the labels, clipped to q01/q99 as OpenVLA's data is
+    clipped = np.clip(ep.actions[:, :6], tok.q01[:6], tok.q99[:6])
+    assert np.all(np.abs(decoded[:, :6] - clipped) <= (tok.q99[:6] - tok.q01[:6]) / 255 + 1e-6)
+    assert decoded[:, -1].round().tolist() == [1, 1, 0, 0, 0]  # open (1) first, then closed
+    prompt = model.parts.prompt.encode(SOUP[1])
+    assert frames.prompt_ids[0, -len(prompt):].tolist() == prompt
+
+
+def test_resume_continues_the_same_run(tmp_path, monkeypatch):
+    from heisd.targets.vla import train as train_module
+
+    paths = _demos(tmp_path)
+    train_openvla(paths, tmp_path / "straight", _cfg(4), TINY)
+    save = train_module._save
+
+    def save_then_die(save_model, out, state):  # a run killed right after its step-2 checkpoint
+        save(save_model, out, state)
+        if state["step"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "_save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train_openvla(paths, tmp_path / "resumed", _cfg(4), TINY)
+    monkeypatch.setattr(train_module, "_save", save)
+    train_openvla(paths, tmp_path / "resumed", _cfg(4), TINY, resume=True)
+    a = torch.load(tmp_path / "straight" / "train_state.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "resumed" / "train_state.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bad_input_is_refused_and_leaves_nothing(tmp_path):
+    from helpers import write_libero_demo_file
+
+    heisd_file = tmp_path / "mw_like.hdf5"
+    write_libero_demo_file(heisd_file)
+    with pytest.raises(DemoFormatError, match="not a LIBERO demonstration file"):
+        train_openvla([heisd_file], tmp_path / "run", _cfg(2), TINY)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UsageError, match="unknown OpenVLA shape"):
+        train_openvla(_demos(tmp_path), tmp_path / "run", _cfg(2), OpenVLAShape(base="huge"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_refuses_openvla_outside_libero(tmp_path, capsys):
+    from heisd.cli import main
+
+    demos = _demos(tmp_path)
+    assert main(["train-vla", "--arch", "openvla", "--benchmark", "mw", "--demos", str(demos[0]),
+                 "--out", str(tmp_path / "run")]) != 0
+    assert "--benchmark libero" in capsys.readouterr().err
