@@ -150,3 +150,25 @@ def test_missing_unnorm_key_names_the_available_ones(run, capsys, tmp_path):
                  "--demos", str(run["held_out"]), "--frames", "1", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "choose one with --unnorm-key: bridge_orig, libero_spatial_no_noops" in err
+
+
+def test_offline_tools_see_the_frames_the_protocol_shows(run, tiny_openvla):
+    """A datastore key is computed on the frame the closed loop would show (JPEG + Lanczos to 224), not
+    on the recorded frame resized by the processor."""
+    import numpy as np
+    import torch
+
+    from heisd.benchmarks.libero_protocol import openvla_image
+
+    keys = np.load(run["work"] / "store" / "keys.npy")
+    with DemoFile(run["train"]) as f:
+        frame = f.episode(f.episode_names()[0]).images[0]
+
+    def key(image):
+        with torch.no_grad():
+            k = tiny_openvla.retrieval_key(torch.from_numpy(np.ascontiguousarray(image[None]))).numpy()[0]
+        return k / np.linalg.norm(k)
+
+    stored = keys[0] / np.linalg.norm(keys[0])
+    assert np.abs(stored - key(openvla_image(frame))).max() < 1e-5
+    assert np.abs(stored - key(frame)).max() > 1e-3

@@ -71,6 +71,16 @@ def openvla_image(frame: np.ndarray, crop: bool = False, size: int = OPENVLA_IMA
     return center_crop(image) if crop else image
 
 
+def protocol_frames(protocol: str, frames: np.ndarray) -> np.ndarray:
+    """Recorded upright frames [T, H, W, 3] as a target of `protocol` sees them in closed loop: under
+    "openvla", `openvla_image` of each (record at the protocol's 256 px); "raw" targets take them as
+    recorded. Offline tools (datastore, drafter, calibration, replay) feed these, so what they store
+    is what the decode loop computes on the same frame at run time."""
+    if protocol != "openvla":
+        return frames
+    return np.stack([openvla_image(f) for f in frames]) if len(frames) else frames
+
+
 def openvla_gripper_label(actions: np.ndarray) -> np.ndarray:
     """LIBERO's actions (gripper -1 open, +1 close) -> OpenVLA's training labels: the gripper clipped to
     [0, 1] and inverted (1 = open, 0 = closed), as its LIBERO dataset transform does; `openvla_gripper`

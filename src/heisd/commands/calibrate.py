@@ -217,6 +217,7 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
     import torch
     from tqdm import tqdm
 
+    from heisd.benchmarks.libero_protocol import protocol_frames
     from heisd.data.dataset import DemoFile
     from heisd.kinematics import KinematicConfig, KinematicStats, fused_metric
     from heisd.retrieval.build import KINEMATIC_STATS_KEY, encode_frames
@@ -251,8 +252,10 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
             with DemoFile(path) as f:
                 ep = f.episode(name)
             # the greedy tokens and prefill hidden states, a few frames per batch (episodes can be long)
-            encoded = [encode_frames(target, ep.images[block], ep.instruction, ep.state[block])
-                       for block in (steps[j : j + ENCODE_BATCH] for j in range(0, len(steps), ENCODE_BATCH))]
+            images = protocol_frames(spec.protocol, ep.images[steps])  # row i: control step steps[i]
+            encoded = [encode_frames(target, images[j : j + ENCODE_BATCH], ep.instruction,
+                                     ep.state[steps[j : j + ENCODE_BATCH]])
+                       for j in range(0, len(steps), ENCODE_BATCH)]
             own_tokens = np.concatenate([enc.own_tokens for enc in encoded])
             hidden = np.concatenate([enc.hidden for enc in encoded])
             prompt = target.encode_prompt(ep.instruction)
@@ -262,7 +265,7 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
             for i, t in enumerate(steps):
                 with torch.inference_mode():  # as VLAPolicy.act: vision pass and decodes
                     prefix, key_t = target.encode_observation(
-                        torch.from_numpy(np.ascontiguousarray(ep.images[t : t + 1])), prompt,
+                        torch.from_numpy(np.ascontiguousarray(images[i : i + 1])), prompt,
                         spec.state_input(ep.state[t : t + 1]))
                     key = key_t[0].float().cpu().numpy()
                     result = datastore.query(key, ep.task, k)

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from heisd.benchmarks.libero_protocol import protocol_frames
 from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.decoding.rollout import Features
 from heisd.drafter.model import CONFIG_FILE, WEIGHTS_FILE, Drafter, DrafterConfig, DrafterTarget, additive_mask
@@ -111,7 +112,8 @@ def target_features(target: Target, episodes: Sequence[EpisodeRef], idx: torch.T
                         continue
                     ep = f.episode(episodes[e].name)
                     for chunk in np.array_split(steps, -(-len(steps) // batch_size)):
-                        out = rollout_frames(target, ep.images[chunk], ep.instruction, ep.state[chunk])
+                        frames = protocol_frames(target.spec.protocol, ep.images[chunk])
+                        out = rollout_frames(target, frames, ep.instruction, ep.state[chunk])
                         parts.append(out.features)
                         bar.update(len(chunk))
     return Features(torch.cat([p.hidden for p in parts]), torch.cat([p.tokens for p in parts]))

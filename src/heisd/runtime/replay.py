@@ -59,20 +59,22 @@ def replay_frames(paths: list[str | Path], frames: int, stride: int):
 def replay_episode(policies: tuple[VLAPolicy, VLAPolicy], job: tuple[str, str, tuple[int, ...]]) -> list[tuple]:
     """Decode one episode's frames with the method and with AR (`policies`); per frame: (the
     method's step record, AR's latency, the method's tokens, AR's)."""
+    from heisd.benchmarks.libero_protocol import protocol_frames
     from heisd.data.dataset import DemoFile
 
     policy, reference = policies
     path, name, ts = job
     with DemoFile(path) as f:
         ep = f.episode(name)
+    images = protocol_frames(policy.target.spec.protocol, ep.images)  # as the closed loop shows them
     policy.reset(ep.instruction, ep.task)
     reference.reset(ep.instruction, ep.task)
     stride = policy.target.spec.chunk
     rows = []
     for t in ts:
         moved = ep.ee_pos[max(t - stride + 1, 0) : t + 1]  # every env step since the last frame
-        _, rec = policy.act(ep.images[t], ep.state[t], moved)
-        _, ref = reference.act(ep.images[t], ep.state[t], moved)
+        _, rec = policy.act(images[t], ep.state[t], moved)
+        _, ref = reference.act(images[t], ep.state[t], moved)
         rows.append((rec, ref.latency_ms, ep.task, np.asarray(rec.tokens), np.asarray(ref.tokens)))
     return rows
 

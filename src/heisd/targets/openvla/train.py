@@ -5,7 +5,7 @@ after BOS), at a shape this machine can train (`synthetic.SHAPES`), trained end 
 saved in OpenVLA's file layout (config.json with norm_stats, preprocessor_config.json, the
 tokenizer files, bf16 safetensors), so the native loader reads it like any OpenVLA checkpoint.
 Frames and labels follow OpenVLA's LIBERO fine-tuning data: upright 256 px frames through the
-protocol's JPEG round trip and Lanczos resize to 224 (`openvla_image`, what its evaluation
+protocol's JPEG round trip and Lanczos resize to 224 (`protocol_frames`, what its evaluation
 feeds), the gripper as 1 = open, 0 = closed, q01/q99 statistics with the gripper unnormalized.
 The loop, checkpoints and resume are `heisd.targets.vla.train`'s.
 """
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from heisd.benchmarks.libero_protocol import openvla_gripper_label, openvla_image
+from heisd.benchmarks.libero_protocol import openvla_gripper_label, protocol_frames
 from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.errors import InputError, UsageError
 from heisd.storage import OutputKind
@@ -108,12 +108,11 @@ def _episode_frames(job: tuple[Path, str]) -> np.ndarray:
     """One episode's frames as the target sees them (a worker process's job)."""
     path, name = job
     with DemoFile(path) as f:
-        images = f.episode(name).images
-    return np.stack([openvla_image(frame) for frame in images])
+        return protocol_frames("openvla", f.episode(name).images)
 
 
 def read_frames(episodes: list[tuple[Path, str, str, np.ndarray]], model: OpenVLA, workers: int) -> Frames:
-    """The episodes' frames, prompts and action tokens. Frames go through `openvla_image` in `workers`
+    """The episodes' frames, prompts and action tokens. Frames go through `protocol_frames` in `workers`
     processes, straight into one preallocated array (a few GB: never held twice)."""
     n = sum(len(labels) for *_, labels in episodes)
     size = model.spec.image_size
