@@ -18,7 +18,7 @@ from heisd.targets.vla.train import TrainConfig
 
 SOUP = ("pick_up_the_alphabet_soup_and_place_it_in_the_basket", "pick up the alphabet soup and place it in the basket")
 MILK = ("pick_up_the_milk_and_place_it_in_the_basket", "pick up the milk and place it in the basket")
-TINY = OpenVLAShape(base="tiny", shift_pad=2)
+TINY = OpenVLAShape(base="tiny")
 
 
 def _demos(tmp_path, size=256):
@@ -136,3 +136,25 @@ def test_cli_refuses_openvla_outside_libero(tmp_path, capsys):
     assert main(["train-vla", "--arch", "openvla", "--benchmark", "mw", "--demos", str(demos[0]),
                  "--out", str(tmp_path / "run")]) != 0
     assert "--benchmark libero" in capsys.readouterr().err
+
+
+def test_random_crops_center_on_the_eval_crop():
+    from heisd.targets.openvla.preprocess import random_resized_crop
+
+    x = torch.arange(64.0).view(1, 1, 8, 8).expand(512, 2, 8, 8).contiguous()
+    torch.manual_seed(0)
+    out = random_resized_crop(x, 0.9)
+    assert out.shape == x.shape and torch.equal(out[:, 0], out[:, 1])  # the views share a box
+    assert not torch.allclose(out[0], out[1])  # a box per image
+    spans = out[:, 0].amax((1, 2)) - out[:, 0].amin((1, 2))
+    assert bool((spans < 63).all())  # every box leaves part of the frame out
+    assert torch.allclose(random_resized_crop(x[:2], 1.0), x[:2], atol=1e-4)  # area 1 is the identity
+
+
+def test_shadows_are_a_libero_recording_setting():
+    from heisd.runtime.recording import DemoConfig
+
+    with pytest.raises(UsageError, match="--shadows is a LIBERO setting"):
+        DemoConfig(("reach-v3",), 1, shadows=True)
+    assert DemoConfig(("pick_up_the_milk_and_place_it_in_the_basket",), 1, benchmark="libero_object",
+                      shadows=True).shadows

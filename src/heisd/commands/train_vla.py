@@ -52,9 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "(openvla: always the protocol's 224)")
     size.add_argument("--vision-channels", default="32,64,128,128", help="vla: one stride-2 stage per entry")
     size.add_argument("--shift-pad", type=int, default=None,
-                      help="random-shift augmentation in pixels at the model's input size (DrQ); it also shifts "
-                           "where objects appear, so it blurs absolute positions by as much; default 1 (vla, 64 px) "
-                           "or 3 (openvla, 224 px)")
+                      help="vla: random-shift augmentation in pixels at --image-size (DrQ; default 1); it also "
+                           "shifts where objects appear, so it blurs absolute positions by as much")
+    size.add_argument("--crop-area", type=float, default=0.9,
+                      help="openvla: OpenVLA's augmentation, random square crops of this area of the frame resized "
+                           "back (1 = off); its LIBERO eval center-crops the same area unless --no-center-crop")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,8 +102,10 @@ def _train_openvla(args: argparse.Namespace, cfg, device: str) -> dict:
         raise UsageError("--arch openvla trains on LIBERO demonstrations: pass --benchmark libero")
     if args.init_from is not None:
         raise UsageError("--init-from fine-tunes heisd's small VLA; --arch openvla starts a new model (or --resume)")
-    shape = OpenVLAShape(hidden_size=args.hidden_size, layers=args.layers,
-                         shift_pad=3 if args.shift_pad is None else args.shift_pad)
+    if args.shift_pad is not None:
+        raise UsageError("--shift-pad is heisd's small VLA's augmentation; --arch openvla trains with OpenVLA's random "
+                         "crops (--crop-area)")
+    shape = OpenVLAShape(hidden_size=args.hidden_size, layers=args.layers, crop_area=args.crop_area)
     return train_openvla(list(args.demos), args.out, cfg, shape, resume=args.resume, overwrite=args.overwrite,
                          skip_invalid=args.skip_invalid_episodes, device=device,
                          workers=args.threads if args.workers is None else args.workers)

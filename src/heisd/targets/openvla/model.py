@@ -20,10 +20,9 @@ from heisd.targets.base import TargetSpec, TeacherForced
 from heisd.targets.openvla.actions import OpenVLAActionTokenizer
 from heisd.targets.openvla.backbone import Projector, VisionBackbone, backbone_specs
 from heisd.targets.openvla.config import ActionStats, OpenVLAConfig
-from heisd.targets.openvla.preprocess import ImagePreprocessor
+from heisd.targets.openvla.preprocess import ImagePreprocessor, random_resized_crop
 from heisd.targets.openvla.prompt import PromptEncoder
 from heisd.targets.openvla.weights import files_fingerprint
-from heisd.targets.vla.vision import random_shift
 
 
 def llama_config(config: OpenVLAConfig, attn_implementation: str) -> LlamaConfig:
@@ -43,7 +42,7 @@ class OpenVLAParts:
 
 
 class OpenVLA(nn.Module):
-    train_shift_pad = 0  # random-shift augmentation (pixels) in training mode; set by the trainer, never saved
+    train_crop_area = 1.0  # < 1: OpenVLA's random-crop augmentation in training mode (set by the trainer, never saved)
 
     def __init__(self, parts: OpenVLAParts, attn_implementation: str):
         super().__init__()
@@ -92,8 +91,8 @@ class OpenVLA(nn.Module):
         """uint8 [B, H, W, 3] -> projected patch embeddings [B, N, d]."""
         w = self.projector.fc1.weight
         pixels = self.parts.preprocess(images).to(device=w.device, dtype=w.dtype)
-        if self.training and self.train_shift_pad > 0:
-            pixels = random_shift(pixels, self.train_shift_pad)  # both views shift together: one stacked image
+        if self.training and self.train_crop_area < 1.0:
+            pixels = random_resized_crop(pixels, self.train_crop_area)
         return self.projector(self.vision_backbone(pixels))
 
     def encode_observation(self, images: torch.Tensor, prompt_ids: torch.Tensor,

@@ -120,3 +120,17 @@ class ImagePreprocessor:
 
 def _pair(size: Any) -> tuple[int, int]:
     return (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def random_resized_crop(pixels: torch.Tensor, area: float) -> torch.Tensor:
+    """OpenVLA's fine-tuning augmentation on [B, C, S, S]: per image a square box of `area` of the image at a
+    random place, resized back to S (bilinear); its LIBERO eval center-crops the same area
+    (`libero_protocol.center_crop`). All channels of an image (both views) share the box."""
+    b = len(pixels)
+    side = float(np.sqrt(area))
+    offset = (torch.rand(b, 2, device=pixels.device) * 2 - 1) * (1 - side)  # box centre, in [-1, 1] units
+    theta = torch.zeros(b, 2, 3, device=pixels.device, dtype=pixels.dtype)
+    theta[:, 0, 0] = theta[:, 1, 1] = side
+    theta[:, :, 2] = offset.to(pixels.dtype)
+    grid = torch.nn.functional.affine_grid(theta, list(pixels.shape), align_corners=False)
+    return torch.nn.functional.grid_sample(pixels, grid, mode="bilinear", padding_mode="border", align_corners=False)

@@ -6,7 +6,8 @@ saved in OpenVLA's file layout (config.json with norm_stats, preprocessor_config
 tokenizer files, bf16 safetensors), so the native loader reads it like any OpenVLA checkpoint.
 Frames and labels follow OpenVLA's LIBERO fine-tuning data: upright 256 px frames through the
 protocol's JPEG round trip and Lanczos resize to 224 (`protocol_frames`, what its evaluation
-feeds), the gripper as 1 = open, 0 = closed, q01/q99 statistics with the gripper unnormalized.
+feeds), the gripper as 1 = open, 0 = closed, q01/q99 statistics with the gripper unnormalized, and its
+random 0.9-area crops (the evaluation's default center crop is their mean).
 The loop, checkpoints and resume are `heisd.targets.vla.train`'s.
 """
 
@@ -56,7 +57,7 @@ class OpenVLAShape:
     base: str = "small"
     hidden_size: int | None = None  # Llama width (MLP 4x); None = the base shape's
     layers: int | None = None  # Llama decoder layers; None = the base shape's
-    shift_pad: int = 3  # random-shift augmentation, pixels at 224 (the small targets' 1 px at 64)
+    crop_area: float = 0.9  # OpenVLA's random-crop augmentation (its LIBERO eval center-crops this area); 1 = off
 
     def config(self, norm_stats: dict) -> dict:
         if self.base not in SHAPES:
@@ -192,7 +193,9 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
             stats = {name: action_statistics(labels, len(episodes))}
             out.mkdir(parents=True, exist_ok=True)
             model = new_model(out, shape.config(stats), run_cfg.seed)
-        model.train_shift_pad = shape.shift_pad
+        if not 0 < shape.crop_area <= 1:
+            raise UsageError(f"--crop-area must be in (0, 1], got {shape.crop_area}")
+        model.train_crop_area = shape.crop_area
         train_eps, val_eps = _split(len(episodes), run_cfg.val_fraction, run_cfg.seed)
         frames = [read_frames([episodes[i] for i in eps], model, workers) if eps else None
                   for eps in (train_eps, val_eps)]
@@ -204,7 +207,7 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
         config.pop("norm_stats")
         setup = TrainingSetup(model, frames[0], frames[1], data, dropped, invalid, state,
                               lambda o: save_weights(model, o), {"arch": "openvla", **config,
-                                                                  "shift_pad": shape.shift_pad})
+                                                                  "crop_area": shape.crop_area})
         return fit(setup, out, run_cfg, paths, None, torch.device(device), started)
 
     return guarded_run(out, OPENVLA_RUN, resume, overwrite, body)
