@@ -130,6 +130,17 @@ def test_preprocessing_from_tvf_params_equals_the_derived_one():
     assert letterbox(image).shape == (2, 6, 224, 224)
 
 
+def test_frames_at_the_input_size_take_the_batched_path_with_the_same_values(tiny_openvla):
+    """224 px frames (the LIBERO protocol's) skip PIL: resize and crop are the identity there."""
+    from PIL import Image
+
+    pre = tiny_openvla.parts.preprocess
+    image = np.random.default_rng(0).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
+    per_image = torch.stack([pre._one(Image.fromarray(f)) for f in image])  # PIL's resize and crop, then normalize
+    torch.testing.assert_close(pre(image), per_image, atol=0, rtol=0)
+    assert all(view.keeps(224, 224) for view in pre.views) and not pre.views[0].keeps(256, 256)
+
+
 # ----- prefix, key, teacher forcing -----
 def test_prefix_is_bos_patches_then_prompt_and_key_is_pooled_patches(tiny_openvla):
     images, prompt = frames(2), tiny_openvla.encode_prompt("pick up the black bowl")

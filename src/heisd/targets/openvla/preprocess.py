@@ -37,6 +37,18 @@ class ViewTransform:
     mean: tuple[float, ...]  # per-channel mean of the [0, 1] image
     std: tuple[float, ...]  # per-channel std
 
+    def keeps(self, height: int, width: int) -> bool:
+        """True when a height x width frame passes through resize and crop unchanged (PIL's resize to
+        the same size is a copy), so only the normalization does anything."""
+        square = height == width and self.resize == height
+        return (square or self.resize == (height, width)) and self.crop == (height, width)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """float [..., 3, H, W] in [0, 1] -> this view's normalized values."""
+        mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
+        std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
+        return (x - mean) / std
+
     def __call__(self, image: Image.Image) -> torch.Tensor:
         if isinstance(self.resize, int):  # torchvision's shorter-side rule
             w, h = image.size
@@ -52,10 +64,7 @@ class ViewTransform:
             raise ValueError(f"crop {self.crop} larger than the resized image {(h, w)}")
         top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
         image = image.crop((left, top, left + tw, top + th))
-        x = torch.from_numpy(np.array(image)).permute(2, 0, 1).float().div(255)
-        mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
-        std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
-        return (x - mean) / std
+        return self.normalize(torch.from_numpy(np.array(image)).permute(2, 0, 1).float().div(255))
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,11 @@ class ImagePreprocessor:
         frames = images.cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
             raise ValueError(f"expected uint8 images [B, H, W, 3], got {frames.dtype} {frames.shape}")
+        h, w = frames.shape[1:3]
+        if self.letterbox_fill is None and all(view.keeps(h, w) for view in self.views):
+            # frames already at the input size (the LIBERO protocol's 224): the same arithmetic, batched
+            x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div(255)
+            return torch.cat([view.normalize(x) for view in self.views], dim=1)
         return torch.stack([self._one(Image.fromarray(f)) for f in frames])
 
     def _one(self, image: Image.Image) -> torch.Tensor:
