@@ -295,7 +295,10 @@ def write_demos(path: Path, n_episodes: int = 6, t: int = 6) -> None:
 @pytest.mark.parametrize("kind", ["small-vla", "openvla"])
 def test_target_features_match_the_decode_loop(tmp_path, request, kind):
     """Features generated in per-episode batches give each chosen frame the tokens and lm_head
-    inputs of its own decode, for both targets (prompts of different lengths across episodes)."""
+    inputs of its own decode, for both targets (prompts of different lengths across episodes), on
+    the frame the target's protocol shows (OpenVLA: JPEG + Lanczos to 224)."""
+    from heisd.benchmarks.libero_protocol import protocol_frames
+
     target = tiny_vla() if kind == "small-vla" else request.getfixturevalue("tiny_openvla")
     spec, demos = target.spec, tmp_path / "demos.hdf5"
     write_demos(demos, n_episodes=3, t=3)
@@ -308,7 +311,8 @@ def test_target_features_match_the_decode_loop(tmp_path, request, kind):
     assert len(feats) == len(idx)
     for row, i in enumerate(idx.tolist()):
         ep, t = frames[i]
-        image, prompt = torch.from_numpy(ep.images[t : t + 1]), target.encode_prompt(ep.instruction)
+        shown = protocol_frames(spec.protocol, ep.images[t : t + 1])  # what the closed loop shows the target
+        image, prompt = torch.from_numpy(shown), target.encode_prompt(ep.instruction)
         state = spec.state_input(ep.state[t : t + 1])
         with torch.no_grad():
             embeds = target.prefix_embeds(image, prompt, state)
