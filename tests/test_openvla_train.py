@@ -76,7 +76,7 @@ def test_frames_and_labels_are_what_the_protocol_feeds(tmp_path):
     from heisd.targets.openvla.train import _episodes, new_model, read_frames
 
     paths = _demos(tmp_path)
-    episodes, dropped, invalid, name = _episodes(paths, False)
+    episodes, dropped, invalid, name = _episodes(paths, False, 0.0)
     assert (len(episodes), dropped, invalid, name) == (6, 0, 0, "libero_object")
     stats = {name: action_statistics(np.concatenate([e[3] for e in episodes]), len(episodes))}
     (tmp_path / "m").mkdir()
@@ -92,6 +92,17 @@ def test_frames_and_labels_are_what_the_protocol_feeds(tmp_path):
     assert decoded[:, -1].round().tolist() == [1, 1, 0, 0, 0]  # open (1) first, then closed
     prompt = model.parts.prompt.encode(SOUP[1])
     assert frames.prompt_ids[0, -len(prompt):].tolist() == prompt
+
+
+def test_no_op_steps_are_left_out_as_openvlas_data_does():
+    from heisd.targets.openvla.train import moving_steps
+
+    a = np.zeros((6, 7))
+    a[:, -1] = [-1, -1, 1, 1, 1, 1]
+    a[0, 0], a[2, 1], a[3, 2], a[5, 3] = 0.5, 0.01, 0.3, 0.02
+    # step 1: still, gripper as before; step 2 closes the gripper; 4 and 5 wait for the fingers
+    assert moving_steps(a, 0.1).tolist() == [0, 2, 3]
+    assert moving_steps(a, 0.0).tolist() == list(range(6))
 
 
 def test_resume_continues_the_same_run(tmp_path, monkeypatch):
@@ -158,3 +169,14 @@ def test_shadows_are_a_libero_recording_setting():
         DemoConfig(("reach-v3",), 1, shadows=True)
     assert DemoConfig(("pick_up_the_milk_and_place_it_in_the_basket",), 1, benchmark="libero_object",
                       shadows=True).shadows
+
+
+def test_fine_tuning_keeps_the_checkpoints_statistics_and_tokenizer(tmp_path):
+    paths = _demos(tmp_path)
+    train_openvla(paths, tmp_path / "base", _cfg(2), TINY)
+    train_openvla(paths[:1], tmp_path / "tuned", _cfg(2), TINY, init_from=tmp_path / "base")
+    base, tuned = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("base", "tuned"))
+    assert tuned == base  # the action bins stay the ones the weights learned, though the data changed
+    assert (tmp_path / "tuned" / "tokenizer.json").read_bytes() == (tmp_path / "base" / "tokenizer.json").read_bytes()
+    info = json.loads((tmp_path / "tuned" / "train_info.json").read_text())
+    assert info["init_from"].endswith("base") and info["fingerprint"] == load_target(tmp_path / "tuned").fingerprint()

@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the training run in --out (its files are removed when the new run starts)")
     parser.add_argument("--init-from", type=Path, default=None,
-                        help="fine-tune this checkpoint (weights, tokenizers, action bins) instead of a new model; "
-                             "the model size flags are then ignored")
+                        help="fine-tune this checkpoint (weights, tokenizers, action bins; with --arch openvla an "
+                             "OpenVLA checkpoint) instead of a new model; the model size flags are then ignored")
     parser.add_argument("--skip-invalid-episodes", action="store_true",
                         help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
     parser.add_argument("--workers", type=int, default=None,
@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--crop-area", type=float, default=0.9,
                       help="openvla: OpenVLA's augmentation, random square crops of this area of the frame resized "
                            "back (1 = off); its LIBERO eval center-crops the same area unless --no-center-crop")
+    size.add_argument("--noop-threshold", type=float, default=0.1,
+                      help="openvla: leave out steps that move less than this in every dimension with the gripper "
+                           "unchanged, as OpenVLA's LIBERO data leaves out no-op steps (0 keeps all): a target that "
+                           "reads no state cannot see how long the experts' grasp wait has lasted")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,15 +104,14 @@ def _train_openvla(args: argparse.Namespace, cfg, device: str) -> dict:
 
     if args.benchmark != "libero":
         raise UsageError("--arch openvla trains on LIBERO demonstrations: pass --benchmark libero")
-    if args.init_from is not None:
-        raise UsageError("--init-from fine-tunes heisd's small VLA; --arch openvla starts a new model (or --resume)")
     if args.shift_pad is not None:
         raise UsageError("--shift-pad is heisd's small VLA's augmentation; --arch openvla trains with OpenVLA's random "
                          "crops (--crop-area)")
-    shape = OpenVLAShape(hidden_size=args.hidden_size, layers=args.layers, crop_area=args.crop_area)
+    shape = OpenVLAShape(hidden_size=args.hidden_size, layers=args.layers, crop_area=args.crop_area,
+                         noop_threshold=args.noop_threshold)
     return train_openvla(list(args.demos), args.out, cfg, shape, resume=args.resume, overwrite=args.overwrite,
                          skip_invalid=args.skip_invalid_episodes, device=device,
-                         workers=args.threads if args.workers is None else args.workers)
+                         workers=args.threads if args.workers is None else args.workers, init_from=args.init_from)
 
 
 def _registry_instructions(benchmark: str) -> list[str]:

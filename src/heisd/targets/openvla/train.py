@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class OpenVLAShape:
     hidden_size: int | None = None  # Llama width (MLP 4x); None = the base shape's
     layers: int | None = None  # Llama decoder layers; None = the base shape's
     crop_area: float = 0.9  # OpenVLA's random-crop augmentation (its LIBERO eval center-crops this area); 1 = off
+    noop_threshold: float = 0.1  # drop steps moving less than this in every dimension with the gripper unchanged
 
     def config(self, norm_stats: dict) -> dict:
         if self.base not in SHAPES:
@@ -82,10 +84,24 @@ def action_statistics(labels: np.ndarray, n_episodes: int) -> dict:
     return {"action": stat, "num_transitions": int(len(a)), "num_trajectories": int(n_episodes)}
 
 
-def _episodes(paths: Sequence[Path], skip_invalid: bool) -> tuple[list[tuple[Path, str, str, np.ndarray]], int, int,
-                                                                  str]:
-    """(file, episode, instruction, labels) of every successful episode, failed ones dropped, invalid ones,
-    and the norm_stats key: the files' LIBERO suite when they agree, else "libero"."""
+def moving_steps(actions: np.ndarray, threshold: float) -> np.ndarray:
+    """Indices of the steps to train on: OpenVLA's LIBERO data drops no-op steps (no motion, the gripper as
+    before); here "no motion" is every motion component below `threshold` (0 keeps every step). The scripted
+    experts wait a fixed number of such steps for the fingers to close and open, and a target that reads no
+    state cannot tell how long it has waited: trained on the waits, it waits for ever (BENCHMARKS 15)."""
+    if threshold <= 0:
+        return np.arange(len(actions))
+    grip = actions[:, -1]
+    same = np.r_[False, grip[1:] == grip[:-1]]
+    still = np.abs(actions[:, :-1]).max(axis=1) < threshold
+    return np.flatnonzero(~(still & same))
+
+
+def _episodes(paths: Sequence[Path], skip_invalid: bool, noop_threshold: float
+              ) -> tuple[list[tuple[Path, str, str, np.ndarray, np.ndarray]], int, int, str]:
+    """(file, episode, instruction, labels, kept steps) of every successful episode (no-op steps left out),
+    failed ones dropped, invalid ones, and the norm_stats key: the files' LIBERO suite when they agree,
+    else "libero"."""
     kept, dropped, invalid, suites = [], 0, 0, set()
     for path in paths:
         with DemoFile(path, skip_invalid) as f:
@@ -99,26 +115,27 @@ def _episodes(paths: Sequence[Path], skip_invalid: bool) -> tuple[list[tuple[Pat
                 if not success and f.attrs.get("source") != "dagger":
                     dropped += 1
                     continue
-                kept.append((Path(path), name, f.libero.instruction, openvla_gripper_label(actions)))
+                steps = moving_steps(actions, noop_threshold)
+                kept.append((Path(path), name, f.libero.instruction, openvla_gripper_label(actions[steps]), steps))
     if not kept:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in paths]}")
     return kept, dropped, invalid, suites.pop() if len(suites) == 1 else "libero"
 
 
-def _episode_frames(job: tuple[Path, str]) -> np.ndarray:
-    """One episode's frames as the target sees them (a worker process's job)."""
-    path, name = job
+def _episode_frames(job: tuple[Path, str, np.ndarray]) -> np.ndarray:
+    """One episode's kept frames as the target sees them (a worker process's job)."""
+    path, name, steps = job
     with DemoFile(path) as f:
-        return protocol_frames("openvla", f.episode(name).images)
+        return protocol_frames("openvla", f.episode(name).images[steps])
 
 
-def read_frames(episodes: list[tuple[Path, str, str, np.ndarray]], model: OpenVLA, workers: int) -> Frames:
+def read_frames(episodes: list[tuple[Path, str, str, np.ndarray, np.ndarray]], model: OpenVLA, workers: int) -> Frames:
     """The episodes' frames, prompts and action tokens. Frames go through `protocol_frames` in `workers`
     processes, straight into one preallocated array (a few GB: never held twice)."""
-    n = sum(len(labels) for *_, labels in episodes)
+    n = sum(len(labels) for _, _, _, labels, _ in episodes)
     size = model.spec.image_size
     images = torch.empty((n, size, size, 3), dtype=torch.uint8)
-    prompts = [model.parts.prompt.encode(instruction) for _, _, instruction, _ in episodes]
+    prompts = [model.parts.prompt.encode(instruction) for _, _, instruction, _, _ in episodes]
     width = max(len(p) for p in prompts)
     prompt_ids = torch.full((len(episodes), width), model.parts.prompt.pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((len(episodes), width), dtype=torch.long)
@@ -126,20 +143,19 @@ def read_frames(episodes: list[tuple[Path, str, str, np.ndarray]], model: OpenVL
         prompt_ids[i, width - len(p):] = torch.tensor(p)
         prompt_mask[i, width - len(p):] = 1
     tok = model.action_tokenizer
-    jobs = [(path, name) for path, name, _, _ in episodes]
+    jobs = [(path, name, steps) for path, name, _, _, steps in episodes]
     row = 0
     with ProcessPoolExecutor(max(1, workers)) as pool, tqdm(total=n, desc="frames", unit="frame") as bar:
-        for (*_, labels), frames in zip(episodes, pool.map(_episode_frames, jobs)):
+        for (_, _, _, labels, _), frames in zip(episodes, pool.map(_episode_frames, jobs)):
             if frames.shape[1:] != (size, size, 3):
                 raise DemoFormatError(f"frames of shape {frames.shape[1:]}, expected {(size, size, 3)}")
             images[row:row + len(frames)] = torch.from_numpy(frames)
             row += len(frames)
             bar.update(len(frames))
-    ids = [tok.encode(chunk_targets(labels, 1)).reshape(len(labels), -1) for *_, labels in episodes]
+    ids = [tok.encode(chunk_targets(labels, 1)).reshape(len(labels), -1) for _, _, _, labels, _ in episodes]
     return Frames(images=images, states=torch.zeros((n, 0)), action_ids=torch.from_numpy(np.concatenate(ids)),
                   prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                  episode=torch.cat([torch.full((len(lab),), i, dtype=torch.long)
-                                     for i, (*_, lab) in enumerate(episodes)]))
+                  episode=torch.cat([torch.full((len(e[3]),), i, dtype=torch.long) for i, e in enumerate(episodes)]))
 
 
 def new_model(out: Path, config: dict, seed: int) -> OpenVLA:
@@ -170,14 +186,16 @@ def save_weights(model: OpenVLA, out: Path) -> None:
 
 
 def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLAShape, resume: bool = False,
-                  overwrite: bool = False, skip_invalid: bool = False, device: str = "cpu", workers: int = 1) -> dict:
+                  overwrite: bool = False, skip_invalid: bool = False, device: str = "cpu", workers: int = 1,
+                  init_from: Path | None = None) -> dict:
     """Train (or resume) an OpenVLA-architecture target on LIBERO demonstrations; the last logged metrics.
-    `workers`: processes preparing frames. Resume, overwrite and the lock are as `vla.train.train`."""
+    `workers`: processes preparing frames; `init_from`: fine-tune that OpenVLA checkpoint (its shape, tokenizer
+    and action statistics carry over). Resume, overwrite and the lock are as `vla.train.train`."""
     out = Path(out)
 
     def body() -> dict:
         started = time.perf_counter()
-        episodes, dropped, invalid, name = _episodes(paths, skip_invalid)
+        episodes, dropped, invalid, name = _episodes(paths, skip_invalid, shape.noop_threshold)
         state = None
         if resume:
             if not (out / TRAIN_STATE_FILE).is_file():
@@ -187,9 +205,16 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
                                      "save_every": cfg.save_every})
             model = load_openvla(out)
             model.load_state_dict(state["model"])
+        elif init_from is not None:
+            run_cfg = cfg
+            out.mkdir(parents=True, exist_ok=True)
+            for static in STATIC_FILES:
+                shutil.copyfile(Path(init_from) / static, out / static)
+            model = load_openvla(init_from)
+            model.parts = read_parts(out, unnorm_key=None, weights=(WEIGHTS_FILE,))  # the run's own files
         else:
             run_cfg = cfg
-            labels = np.concatenate([lab for *_, lab in episodes])
+            labels = np.concatenate([e[3] for e in episodes])
             stats = {name: action_statistics(labels, len(episodes))}
             out.mkdir(parents=True, exist_ok=True)
             model = new_model(out, shape.config(stats), run_cfg.seed)
@@ -207,7 +232,8 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
         config.pop("norm_stats")
         setup = TrainingSetup(model, frames[0], frames[1], data, dropped, invalid, state,
                               lambda o: save_weights(model, o), {"arch": "openvla", **config,
-                                                                  "crop_area": shape.crop_area})
-        return fit(setup, out, run_cfg, paths, None, torch.device(device), started)
+                                                                  "crop_area": shape.crop_area,
+                                                                  "noop_threshold": shape.noop_threshold})
+        return fit(setup, out, run_cfg, paths, init_from, torch.device(device), started)
 
     return guarded_run(out, OPENVLA_RUN, resume, overwrite, body)
