@@ -242,8 +242,12 @@ def encode_episode(encoder: EpisodeEncoder, job: tuple[int, str, str, bool]) -> 
     if ep.actions.shape[1] != target.spec.action_dim:  # the driver names the file
         return {"actions": ep.actions}
     parts = [
-        encode_frames(target, protocol_frames(target.spec.protocol, ep.images[lo : lo + batch]), ep.instruction,
-                      ep.state[lo : lo + batch])
+        encode_frames(
+            target,
+            protocol_frames(target.spec.protocol, ep.images[lo : lo + batch]),
+            ep.instruction,
+            ep.state[lo : lo + batch],
+        )
         for lo in range(0, len(ep), batch)
     ]
     return {
