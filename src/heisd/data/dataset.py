@@ -245,7 +245,7 @@ def compute_action_stats(paths: Sequence[str | Path], skip_invalid: bool = False
     for path in paths:
         with DemoFile(path, skip_invalid) as f:
             for name in f.episode_names():
-                chunks.append(np.asarray(f._data[name]["actions"][()], dtype=np.float32))
+                chunks.append(f.summary(name)[0])
     if not chunks:
         raise DemoFormatError(f"no episodes in {[str(p) for p in paths]}")
     a = np.concatenate(chunks, axis=0)

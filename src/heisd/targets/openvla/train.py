@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from heisd.benchmarks.libero_protocol import openvla_gripper_label, protocol_frames
 from heisd.data.dataset import DemoFile, DemoFormatError
-from heisd.errors import InputError, UsageError
+from heisd.errors import UsageError
 from heisd.storage import OutputKind
 from heisd.storage.guard import has_file, json_with
 from heisd.targets.openvla.config import CONFIG_FILE, PREPROCESSOR_FILE
@@ -38,9 +38,9 @@ from heisd.targets.openvla.standin_tokenizer import save_standin_tokenizer
 from heisd.targets.openvla.synthetic import SHAPES, config_dict, preprocessor_dict, random_tensors
 from heisd.targets.openvla.tiny import save_sharded
 from heisd.targets.openvla.weights import to_file_key
-from heisd.targets.vla.frames import Frames, chunk_targets
-from heisd.targets.vla.train import (INFO_FILE, LOG_FILE, TRAIN_STATE_FILE, TrainConfig, TrainingSetup, _split, fit,
-                                     guarded_run)
+from heisd.targets.vla.frames import Frames, chunk_targets, episode_rows, left_padded
+from heisd.targets.vla.train import (INFO_FILE, LOG_FILE, TRAIN_STATE_FILE, TrainConfig, TrainingSetup, _split,
+                                     check_resumed_data, fit, guarded_run, resume_state)
 
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -60,6 +60,10 @@ class OpenVLAShape:
     layers: int | None = None  # Llama decoder layers; None = the base shape's
     crop_area: float = 0.9  # OpenVLA's random-crop augmentation (its LIBERO eval center-crops this area); 1 = off
     noop_threshold: float = 0.1  # drop steps moving less than this in every dimension with the gripper unchanged
+
+    def __post_init__(self) -> None:
+        if not 0 < self.crop_area <= 1:
+            raise UsageError(f"--crop-area must be in (0, 1], got {self.crop_area}")
 
     def config(self, norm_stats: dict) -> dict:
         if self.base not in SHAPES:
@@ -135,13 +139,9 @@ def read_frames(episodes: list[tuple[Path, str, str, np.ndarray, np.ndarray]], m
     n = sum(len(labels) for _, _, _, labels, _ in episodes)
     size = model.spec.image_size
     images = torch.empty((n, size, size, 3), dtype=torch.uint8)
-    prompts = [model.parts.prompt.encode(instruction) for _, _, instruction, _, _ in episodes]
-    width = max(len(p) for p in prompts)
-    prompt_ids = torch.full((len(episodes), width), model.parts.prompt.pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(episodes), width), dtype=torch.long)
-    for i, p in enumerate(prompts):  # left-padded, as teacher_forced's prompt_mask expects
-        prompt_ids[i, width - len(p):] = torch.tensor(p)
-        prompt_mask[i, width - len(p):] = 1
+    prompt = model.parts.prompt  # left-padded, as teacher_forced's prompt_mask expects
+    prompt_ids, prompt_mask = left_padded([prompt.encode(instruction) for _, _, instruction, _, _ in episodes],
+                                          prompt.pad_id)
     tok = model.action_tokenizer
     jobs = [(path, name, steps) for path, name, _, _, steps in episodes]
     row = 0
@@ -155,7 +155,7 @@ def read_frames(episodes: list[tuple[Path, str, str, np.ndarray, np.ndarray]], m
     ids = [tok.encode(chunk_targets(labels, 1)).reshape(len(labels), -1) for _, _, _, labels, _ in episodes]
     return Frames(images=images, states=torch.zeros((n, 0)), action_ids=torch.from_numpy(np.concatenate(ids)),
                   prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                  episode=torch.cat([torch.full((len(e[3]),), i, dtype=torch.long) for i, e in enumerate(episodes)]))
+                  episode=episode_rows([len(e[3]) for e in episodes]))
 
 
 def new_model(out: Path, config: dict, seed: int) -> OpenVLA:
@@ -198,11 +198,7 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
         episodes, dropped, invalid, name = _episodes(paths, skip_invalid, shape.noop_threshold)
         state = None
         if resume:
-            if not (out / TRAIN_STATE_FILE).is_file():
-                raise UsageError(f"--resume: no {TRAIN_STATE_FILE} in {out} (nothing to continue)")
-            state = torch.load(out / TRAIN_STATE_FILE, weights_only=True, map_location="cpu")
-            run_cfg = TrainConfig(**{**state["train_config"], "steps": cfg.steps, "eval_every": cfg.eval_every,
-                                     "save_every": cfg.save_every})
+            state, run_cfg = resume_state(out, cfg)
             model = load_openvla(out)
             model.load_state_dict(state["model"])
         elif init_from is not None:
@@ -218,16 +214,13 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
             stats = {name: action_statistics(labels, len(episodes))}
             out.mkdir(parents=True, exist_ok=True)
             model = new_model(out, shape.config(stats), run_cfg.seed)
-        if not 0 < shape.crop_area <= 1:
-            raise UsageError(f"--crop-area must be in (0, 1], got {shape.crop_area}")
         model.train_crop_area = shape.crop_area
         train_eps, val_eps = _split(len(episodes), run_cfg.val_fraction, run_cfg.seed)
         frames = [read_frames([episodes[i] for i in eps], model, workers) if eps else None
                   for eps in (train_eps, val_eps)]
         data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(frames[0]),
                 "val_frames": len(frames[1]) if frames[1] else 0}
-        if state is not None and state["data"] != data:
-            raise InputError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
+        check_resumed_data(state, data)
         config = json.loads((out / CONFIG_FILE).read_text())
         config.pop("norm_stats")
         setup = TrainingSetup(model, frames[0], frames[1], data, dropped, invalid, state,

@@ -97,15 +97,25 @@ def chunk_targets(actions: np.ndarray, chunk: int) -> np.ndarray:
     return actions[idx]
 
 
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of one batch as (ids, mask) [N, L_max], LEFT-padded with `pad_id` (mask 1 = real token)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def episode_rows(lengths: Sequence[int]) -> torch.Tensor:
+    """int64 [sum(lengths)]: each frame's episode (its row in the prompt tensors)."""
+    return torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)])
+
+
 def build_frames(records: Sequence[EpisodeRecord], text: TextTokenizer,
                  actions: ActionTokenizer, chunk: int) -> Frames:
-    prompts = [text.encode_prompt(r.instruction) for r in records]
-    width = max(len(p) for p in prompts)
-    prompt_ids = torch.full((len(records), width), text.pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(records), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        prompt_ids[i, width - len(p):] = torch.tensor(p)
-        prompt_mask[i, width - len(p):] = 1
+    prompt_ids, prompt_mask = left_padded([text.encode_prompt(r.instruction) for r in records], text.pad_id)
     ids = [actions.encode(chunk_targets(r.actions, chunk)).reshape(len(r.actions), -1) for r in records]
     return Frames(
         images=torch.from_numpy(np.concatenate([r.images for r in records])),
@@ -113,7 +123,7 @@ def build_frames(records: Sequence[EpisodeRecord], text: TextTokenizer,
         action_ids=torch.from_numpy(np.concatenate(ids)),
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
-        episode=torch.cat([torch.full((len(r.actions),), i, dtype=torch.long) for i, r in enumerate(records)]),
+        episode=episode_rows([len(r.actions) for r in records]),
     )
 
 

@@ -174,6 +174,22 @@ class TrainingSetup:
     model_config: dict  # recorded in train_info.json
 
 
+def resume_state(out: Path, cfg: TrainConfig) -> tuple[dict, TrainConfig]:
+    """`out`'s train_state.pt and the config to continue with: the saved one, with this run's step count
+    and cadence (the trajectory-defining settings stay as saved)."""
+    if not (out / TRAIN_STATE_FILE).is_file():
+        raise UsageError(f"--resume: no {TRAIN_STATE_FILE} in {out} (nothing to continue)")
+    state = torch.load(out / TRAIN_STATE_FILE, weights_only=True, map_location="cpu")
+    return state, TrainConfig(**{**state["train_config"], "steps": cfg.steps, "eval_every": cfg.eval_every,
+                                 "save_every": cfg.save_every})
+
+
+def check_resumed_data(state: dict | None, data: dict) -> None:
+    """A resumed run must see the demonstrations it was started on (the same counts)."""
+    if state is not None and state["data"] != data:
+        raise InputError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
+
+
 def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides: dict, resume: bool,
            benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
            init_from: Path | None) -> tuple[TrainingSetup, TrainConfig]:
@@ -181,11 +197,7 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
     if init_from is not None and not resume:
         model = _initial_model(init_from, chunk)
     if resume:
-        if not (out / TRAIN_STATE_FILE).is_file():
-            raise UsageError(f"--resume: no {TRAIN_STATE_FILE} in {out} (nothing to continue)")
-        state = torch.load(out / TRAIN_STATE_FILE, weights_only=True, map_location="cpu")
-        cfg = TrainConfig(**{**state["train_config"], "steps": cfg.steps, "eval_every": cfg.eval_every,
-                             "save_every": cfg.save_every})  # the trajectory-defining settings stay as saved
+        state, cfg = resume_state(out, cfg)
         model = VLA.from_pretrained(out)
         model.load_state_dict(state["model"])
     image_size = model.config.image_size if model else VLAConfig(0, **overrides).image_size
@@ -197,8 +209,7 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
                            model.config.chunk) if eps else None for eps in (train_eps, val_eps)]
     data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(frames[0]),
             "val_frames": len(frames[1]) if frames[1] else 0}
-    if state is not None and state["data"] != data:
-        raise InputError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
+    check_resumed_data(state, data)
     return TrainingSetup(model, frames[0], frames[1], data, dropped, invalid, state, model.save_pretrained,
                          model.config.to_dict()), cfg
 
