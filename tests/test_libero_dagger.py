@@ -78,7 +78,7 @@ def test_a_target_that_cannot_act_in_libero_is_refused():
     from heisd.runtime.recording import _target_policy
 
     with pytest.raises(UsageError, match="4-D actions .* cannot be recorded in libero_object"):
-        _target_policy(str(CHECKPOINTS / "vla"), "libero_object")  # the mw target
+        _target_policy(str(CHECKPOINTS / "vla"), "libero_object", 32, False)  # the mw target
 
 
 @pytest.mark.slow
@@ -99,3 +99,60 @@ def test_libero_dagger_labels_are_the_experts_on_the_targets_path():
     np.testing.assert_allclose(ep["actions"][0], expert_actor(env)(info), atol=1e-6)
     assert set(ep["actions"][:, -1].tolist()) <= {-1.0, 1.0}  # the expert's grips, not the target's
     env.close()
+
+
+def test_an_openvla_target_is_recorded_only_at_the_protocols_frames(tiny_openvla):
+    from heisd.runtime.recording import check_recordable
+
+    check_recordable(tiny_openvla, "ovla", "libero_spatial", "--policy", (256, True))
+    with pytest.raises(UsageError, match="256 px frames with shadows; record with --image-size 256 --shadows"):
+        check_recordable(tiny_openvla, "ovla", "libero_spatial", "--policy", (128, True))
+    with pytest.raises(UsageError, match="256 px frames with shadows"):
+        check_recordable(tiny_openvla, "ovla", "libero_spatial", "--policy", (256, False))
+    with pytest.raises(UsageError, match="'openvla' protocol cannot be recorded .* protocols recorded here: raw"):
+        check_recordable(tiny_openvla, "ovla", "libero_spatial", "--init")  # dagger's rounds retrain heisd's VLA
+    with pytest.raises(UsageError, match="7-D actions .* cannot be recorded in mw"):
+        check_recordable(tiny_openvla, "ovla", "mw", "--policy", (256, True))
+
+
+def test_an_openvla_target_reads_the_protocols_frame_and_its_gripper_reaches_the_simulator_as_libero_s():
+    from heisd.benchmarks.libero_protocol import openvla_image
+    from heisd.runtime.recording import _protocol_io
+
+    frame = np.random.default_rng(0).integers(0, 256, (256, 256, 3), dtype=np.uint8)
+    seen, executed = _protocol_io("openvla")
+    np.testing.assert_array_equal(seen(frame), openvla_image(frame, crop=True))  # eval's default center crop
+    assert seen(frame).shape == (224, 224, 3)
+    motion = [0.1, -0.2, 0.3, 0.0, 0.01, -0.01]
+    open_, close = executed(np.array([*motion, 0.9])), executed(np.array([*motion, 0.1]))  # OpenVLA: 1 = open
+    assert open_.dtype == np.float32 and open_.tolist()[-1] == -1.0 and close.tolist()[-1] == 1.0  # LIBERO: -1 open
+    np.testing.assert_allclose(open_[:6], motion, atol=1e-7)
+    seen, executed = _protocol_io("raw")
+    assert seen(frame) is frame and executed(open_) is open_
+
+
+@pytest.mark.slow
+def test_an_openvla_target_acts_under_the_protocol_while_the_expert_labels(tiny_openvla_dir, monkeypatch):
+    """`demos --policy DIR --expert-labels` on an OpenVLA checkpoint: the file keeps the 256 px frames and
+    the expert's actions; the target read each frame as OpenVLA's eval shows it."""
+    from heisd.benchmarks.libero import suite_tasks
+    from heisd.benchmarks.libero_protocol import openvla_image
+    from heisd.runtime.policy import VLAPolicy
+    from heisd.runtime.recording import record_episode
+
+    seen = []
+    act = VLAPolicy.act
+
+    def spy(self, image, state, *rest):
+        seen.append(image)
+        return act(self, image, state, *rest)
+
+    monkeypatch.setattr(VLAPolicy, "act", spy)
+    task = suite_tasks("libero_spatial")[0]
+    cfg = DemoConfig((task,), 1, seed=3, image_size=256, shadows=True, policy=str(tiny_openvla_dir),
+                     expert_labels=True, benchmark="libero_spatial")
+    ep = record_episode(task, 0, cfg)
+    assert ep["images"].shape[1:] == (256, 256, 3) and len(seen) == len(ep["images"])
+    for i in (0, len(seen) - 1):
+        np.testing.assert_array_equal(seen[i], openvla_image(ep["images"][i], crop=True))
+    assert set(ep["actions"][:, -1].tolist()) <= {-1.0, 1.0}

@@ -247,13 +247,11 @@ def check_demos_camera(target: str, demos) -> None:
 
 
 def closed_loop_unnorm_key(args: argparse.Namespace) -> None:
-    """An OpenVLA target run on a LIBERO suite without --unnorm-key de-normalizes with the suite's
-    statistics, as OpenVLA's eval (run_libero_eval.py) does: `<suite>`, else `<suite>_no_noops`."""
-    from heisd.benchmarks.registry import is_libero
-    from heisd.targets.load import OPENVLA, checkpoint_kind
+    """An OpenVLA target run on a LIBERO suite without --unnorm-key takes the suite's statistics
+    (`heisd.targets.load.closed_loop_unnorm_key`)."""
+    from heisd.targets.load import closed_loop_unnorm_key as key
 
-    if args.unnorm_key is None and is_libero(args.benchmark) and checkpoint_kind(args.target) == OPENVLA:
-        args.unnorm_key = args.benchmark
+    args.unnorm_key = key(args.target, args.benchmark, args.unnorm_key)
 
 
 def load_policy(args: argparse.Namespace, cfg):

@@ -36,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Meta-World episode step limit (LIBERO: the suite's protocol value)")
     p.add_argument("--policy", default="expert",
                    help="who acts: 'expert' (scripted) or a target checkpoint directory (its own AR rollouts, "
-                        "kept whether they succeed or not: a datastore drafts the target's own tokens)")
+                        "kept whether they succeed or not: a datastore drafts the target's own tokens); on LIBERO an "
+                        "OpenVLA checkpoint acts on the frames OpenVLA's eval shows it (record with --image-size 256 "
+                        "--shadows), and the file keeps the recorded frames and LIBERO's gripper convention")
     p.add_argument("--expert-labels", action="store_true",
                    help="with --policy DIR: record the scripted expert's action at every state the target visits "
                         "(DAgger training data; `heisd dagger` runs whole rounds)")

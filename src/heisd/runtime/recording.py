@@ -102,7 +102,8 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     from heisd.benchmarks.registry import is_libero, make_env
 
     libero = is_libero(cfg.benchmark)
-    policy = None if cfg.source == "expert" else _target_policy(cfg.policy, cfg.benchmark)
+    policy = None if cfg.source == "expert" else _target_policy(cfg.policy, cfg.benchmark, cfg.image_size,
+                                                                  cfg.shadows)
     env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, None if libero else cfg.max_steps,
                    fast_render=not cfg.shadows)
     s = episode_seed(cfg.seed, task, episode)
@@ -113,7 +114,8 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
         act = lambda obs, info: [label(info)]  # noqa: E731
     else:
         policy.reset(env.instruction, task)
-        act = lambda obs, info: policy.act(obs["image"], obs["state"])[0]  # noqa: E731
+        seen, executed = _protocol_io(policy.target.spec.protocol)
+        act = lambda obs, info: [executed(a) for a in policy.act(seen(obs["image"]), obs["state"])[0]]  # noqa: E731
     # state: ee xyz, then mw's gripper opening and goal xyz, or LIBERO's two finger positions
     frames = {"actions": [], "images": [], "ee_pos": [], "gripper": []}
     frames.update({"states": []} if libero else {"goal_pos": []})
@@ -143,32 +145,53 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     return out
 
 
+def _protocol_io(protocol: str):
+    """(what an acting target reads, what the simulator receives) as the closed loop under `protocol` has
+    them, from the recorded frame and the target's action. An OpenVLA target sees `openvla_image` of the
+    256 px frame, center-cropped as `eval` does by default, and its gripper goes through `openvla_gripper`,
+    so the file keeps the expert's frames and LIBERO's gripper convention. One difference from `eval`: the
+    frame is rendered at the end of the step, where robosuite's observation is taken at a physics substep."""
+    if protocol != "openvla":
+        return (lambda image: image), (lambda action: action)
+    from heisd.benchmarks.libero_protocol import openvla_gripper, openvla_image
+
+    return (lambda image: openvla_image(image, crop=True)), (lambda action: openvla_gripper(action).astype(np.float32))
+
+
 @functools.cache
-def _target_policy(directory: str, benchmark: str):
+def _target_policy(directory: str, benchmark: str, image_size: int, shadows: bool):
     """The target with AR decoding, loaded once per process; it must act in `benchmark` as recorded
-    (heisd's own conventions: an OpenVLA checkpoint needs the protocol's 256 px frames, not these)."""
+    (`image_size`, `shadows`: an OpenVLA target needs the protocol's frames)."""
     import torch
 
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
-    from heisd.targets import load_target
+    from heisd.targets.load import closed_loop_unnorm_key, load_target
 
     torch.set_num_threads(1)  # one simulator + one model per process
-    target = load_target(directory)
-    check_recordable(target, directory, benchmark, "--policy")
+    target = load_target(directory, unnorm_key=closed_loop_unnorm_key(directory, benchmark, None))
+    check_recordable(target, directory, benchmark, "--policy", (image_size, shadows))
     return VLAPolicy(target, build_decoders(MethodConfig("ar"), target))
 
 
-def check_recordable(target, directory: str | Path, benchmark: str, flag: str) -> None:
-    """Rollouts are recorded for heisd's own targets acting in `benchmark`; `flag` names where the
-    target came from in the message (`--policy` for demos, `--init` for dagger)."""
-    from heisd.benchmarks.registry import action_dim
+def check_recordable(target, directory: str | Path, benchmark: str, flag: str,
+                     frames: tuple[int, bool] | None = None) -> None:
+    """Rollouts are recorded for targets acting in `benchmark`; `flag` names where the target came from
+    in the message (`--policy` for demos, `--init` for dagger). `frames` (image size, shadows) is what
+    `demos` renders: given, LIBERO also takes OpenVLA-protocol targets, which read the protocol's 256 px
+    frames with shadows (dagger's rounds retrain heisd's own VLA, so it passes none)."""
+    from heisd.benchmarks.libero_protocol import PROTOCOL_RENDER_SIZE
+    from heisd.benchmarks.registry import action_dim, is_libero
     from heisd.errors import UsageError
 
-    if target.spec.action_dim != action_dim(benchmark) or target.spec.protocol != "raw":
+    protocols = ("raw", "openvla") if frames is not None and is_libero(benchmark) else ("raw",)
+    if target.spec.action_dim != action_dim(benchmark) or target.spec.protocol not in protocols:
         raise UsageError(f"{flag} {directory}: a target with {target.spec.action_dim}-D actions and the "
                          f"{target.spec.protocol!r} protocol cannot be recorded in {benchmark} (it takes "
-                         f"{action_dim(benchmark)}-D actions; rollouts are recorded for heisd's own targets)")
+                         f"{action_dim(benchmark)}-D actions; protocols recorded here: {', '.join(protocols)})")
+    if target.spec.protocol == "openvla" and frames != (PROTOCOL_RENDER_SIZE, True):
+        raise UsageError(f"{flag} {directory}: an OpenVLA-protocol target reads the protocol's {PROTOCOL_RENDER_SIZE} "
+                         f"px frames with shadows; record with --image-size {PROTOCOL_RENDER_SIZE} --shadows")
 
 
 def episode_work(state: None, job: tuple[str, int, DemoConfig]) -> dict:

@@ -28,6 +28,16 @@ def checkpoint_kind(directory: str | Path) -> str:
     raise CheckpointError(f"{path}: model_type {kind!r} is not a supported target (expected 'openvla' or none)")
 
 
+def closed_loop_unnorm_key(directory: str | Path, benchmark: str, unnorm_key: str | None) -> str | None:
+    """The statistics an OpenVLA target acting in a LIBERO suite de-normalizes with when none is named:
+    the suite's, as OpenVLA's eval (run_libero_eval.py) does (`<suite>`, else `<suite>_no_noops`)."""
+    from heisd.benchmarks.registry import is_libero
+
+    if unnorm_key is None and is_libero(benchmark) and checkpoint_kind(directory) == OPENVLA:
+        return benchmark
+    return unnorm_key
+
+
 def load_target(directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                 unnorm_key: str | None = None) -> Target:
     """The target in eval mode on `device`/`dtype`. `unnorm_key` picks OpenVLA's action statistics."""
