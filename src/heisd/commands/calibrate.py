@@ -220,10 +220,11 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
     from heisd.benchmarks.libero_protocol import protocol_frames
     from heisd.data.dataset import DemoFile
     from heisd.kinematics import KinematicConfig, KinematicStats, fused_metric
-    from heisd.retrieval.build import KINEMATIC_STATS_KEY, encode_frames
+    from heisd.retrieval.build import KINEMATIC_STATS_KEY
     from heisd.retrieval.verify_skip import cosine, draft_passes
     from heisd.runtime.methods import mode_decoders
     from heisd.storage import recorded_path
+    from heisd.targets.rollout import rollout_frames
 
     kin_config = KinematicConfig(**datastore.extras.get("kinematic_config", {}))
     kin_stats = KinematicStats.from_dict(datastore.extras[KINEMATIC_STATS_KEY])
@@ -251,23 +252,21 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
             path, name, _, _ = episodes[e]
             with DemoFile(path) as f:
                 ep = f.episode(name)
-            # the greedy tokens and prefill hidden states, a few frames per batch (episodes can be long)
+            # one vision pass per frame, a few frames per batch (episodes can be long): the prefix and key
+            # each mode decodes from, the greedy tokens and the prefill hidden state
             images = protocol_frames(spec.protocol, ep.images[steps])  # row i: control step steps[i]
-            encoded = [encode_frames(target, images[j : j + ENCODE_BATCH], ep.instruction,
+            rolled = [rollout_frames(target, images[j : j + ENCODE_BATCH], ep.instruction,
                                      ep.state[steps[j : j + ENCODE_BATCH]])
-                       for j in range(0, len(steps), ENCODE_BATCH)]
-            own_tokens = np.concatenate([enc.own_tokens for enc in encoded])
-            hidden = np.concatenate([enc.hidden for enc in encoded])
-            prompt = target.encode_prompt(ep.instruction)
+                      for j in range(0, len(steps), ENCODE_BATCH)]
+            own_tokens = np.concatenate([r.features.tokens.numpy() for r in rolled])
+            hidden = np.concatenate([r.features.hidden[:, 0].numpy() for r in rolled])
             for decoder in decoders.values():  # a new episode, as VLAPolicy.reset
                 decoder.reset()
             previous: dict[str, list[int] | None] = {mode: None for mode in decoders}
             for i, t in enumerate(steps):
-                with torch.inference_mode():  # as VLAPolicy.act: vision pass and decodes
-                    prefix, key_t = target.encode_observation(
-                        torch.from_numpy(np.ascontiguousarray(images[i : i + 1])), prompt,
-                        spec.state_input(ep.state[t : t + 1]))
-                    key = key_t[0].float().cpu().numpy()
+                batch, row = rolled[i // ENCODE_BATCH], i % ENCODE_BATCH
+                prefix, key = batch.prefix[row : row + 1], batch.keys[row].numpy()
+                with torch.inference_mode():  # as VLAPolicy.act: the decodes
                     result = datastore.query(key, ep.task, k)
                     top = cfg.sequences(result)[0]
                     own = own_tokens[i]

@@ -20,6 +20,7 @@ from heisd.targets.base import Target
 class FrameRollout:
     features: Features  # on the CPU: lm_head inputs [B, n, d] (float32) and greedy tokens [B, n]
     keys: torch.Tensor  # float32 [B, Dk] retrieval keys, on the CPU
+    prefix: torch.Tensor  # [B, L, d] the prefill embeddings, where the target runs (what a decoder takes)
 
 
 @torch.no_grad()
@@ -32,4 +33,4 @@ def rollout_frames(target: Target, images: np.ndarray, instruction: str, states:
     prompt = target.encode_prompt(instruction).expand(len(images_t), -1)
     prefix, keys = target.encode_observation(images_t, prompt, spec.state_input(states))
     out = greedy_rollout(target.llm, prefix, spec.n_action_tokens)
-    return FrameRollout(Features(out.hidden.float().cpu(), out.tokens.cpu()), keys.float().cpu())
+    return FrameRollout(Features(out.hidden.float().cpu(), out.tokens.cpu()), keys.float().cpu(), prefix)
