@@ -149,6 +149,10 @@ class OpenVLA(nn.Module):
             self._fingerprint = files_fingerprint(self.parts.identity_files, self.parts.identity_note)
         return self._fingerprint
 
+    def weights_rewritten(self) -> None:
+        """The checkpoint's files were written anew (a training checkpoint): hash them again when asked."""
+        self._fingerprint = None
+
 
 def _codec(config: OpenVLAConfig, stats: ActionStats) -> OpenVLAActionTokenizer:
     return OpenVLAActionTokenizer(config.vocab_size, stats.q01, stats.q99, stats.mask, config.n_action_bins)

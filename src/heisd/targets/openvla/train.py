@@ -173,7 +173,8 @@ def new_model(out: Path, config: dict, seed: int) -> OpenVLA:
 
 
 def save_weights(model: OpenVLA, out: Path) -> None:
-    """model.safetensors in OpenVLA's key names and dtype (bf16), with the never-run keys a real file holds."""
+    """model.safetensors in OpenVLA's key names and dtype (bf16), with the never-run keys a real file holds
+    (the same random tensors at every checkpoint: a fixed seed)."""
     _, ignorable = file_shapes(model)
     vocab = model.parts.config.vocab_size
     tensors = random_tensors(ignorable, UNUSED_SEED, torch.device("cpu"), torch.bfloat16,
@@ -182,7 +183,7 @@ def save_weights(model: OpenVLA, out: Path) -> None:
     for stale in [p for p in out.glob("model-*-of-*.safetensors")]:  # one file: a shard set would shadow it
         stale.unlink()
     save_sharded(out, tensors, shards=1)
-    model._fingerprint = None  # the weights changed: hash the files again when asked
+    model.weights_rewritten()
 
 
 def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLAShape, resume: bool = False,
