@@ -3,6 +3,7 @@ seeds read back for the clash check, targets that cannot act there refused, expe
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,7 @@ def test_an_openvla_target_is_recorded_only_at_the_protocols_frames(tiny_openvla
     with pytest.raises(UsageError, match="256 px frames with shadows"):
         check_recordable(tiny_openvla, "ovla", "libero_spatial", "--policy", (256, False))
     with pytest.raises(UsageError, match="'openvla' protocol cannot be recorded .* protocols recorded here: raw"):
-        check_recordable(tiny_openvla, "ovla", "libero_spatial", "--init")  # dagger's rounds retrain heisd's VLA
+        check_recordable(tiny_openvla, "ovla", "libero_spatial", "--init")  # no frames named: heisd's targets only
     with pytest.raises(UsageError, match="7-D actions .* cannot be recorded in mw"):
         check_recordable(tiny_openvla, "ovla", "mw", "--policy", (256, True))
 
@@ -156,3 +157,33 @@ def test_an_openvla_target_acts_under_the_protocol_while_the_expert_labels(tiny_
     for i in (0, len(seen) - 1):
         np.testing.assert_array_equal(seen[i], openvla_image(ep["images"][i], crop=True))
     assert set(ep["actions"][:, -1].tolist()) <= {-1.0, 1.0}
+
+
+def test_dagger_refuses_an_openvla_init_where_it_cannot_act(tiny_openvla_dir, tmp_path):
+    from heisd.runtime.dagger import DaggerConfig, run_dagger
+
+    cfg = DaggerConfig(init=str(tiny_openvla_dir), demos=(), tasks=("reach-v3",), steps=2, batch_size=4)
+    with pytest.raises(UsageError, match="an OpenVLA checkpoint acts in LIBERO suites .* not in mw"):
+        run_dagger(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_dagger_round_on_an_openvla_checkpoint(tiny_openvla_dir, tmp_path):
+    """`heisd dagger --init OPENVLA_DIR`: rollouts at the protocol's 256 px frames, expert-labelled, then the
+    OpenVLA trainer fine-tunes the actor into a checkpoint in OpenVLA's layout that loads again."""
+    from heisd.benchmarks.libero import suite_tasks
+    from heisd.runtime.dagger import LOG_FILE, DaggerConfig, run_dagger
+    from heisd.targets.load import OPENVLA, checkpoint_kind, load_target
+
+    task = suite_tasks("libero_spatial")[0]
+    cfg = DaggerConfig(init=str(tiny_openvla_dir), demos=(), tasks=(task,), rounds=1, episodes=2, seed=20, steps=2,
+                       batch_size=4, threads=1, benchmark="libero_spatial")
+    final = run_dagger(cfg, tmp_path / "run", progress=False)
+    with DemoFile(tmp_path / "run" / "round_1" / "rollouts" / f"{task}_demo.hdf5") as f:
+        assert f.attrs["source"] == "dagger" and len(f) == 2
+        assert next(iter(f)).images.shape[1:] == (256, 256, 3)
+    assert checkpoint_kind(final) == OPENVLA
+    log = json.loads((tmp_path / "run" / LOG_FILE).read_text().splitlines()[0])
+    assert log["train_metrics"] and log["rollout_seed"] == 20
+    assert load_target(final, unnorm_key="libero_spatial").spec.protocol == "openvla"

@@ -18,7 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = lambda name: default_of(DaggerConfig, name)  # noqa: E731
     p.add_argument("--benchmark", default=d("benchmark"), choices=("mw", *EXPERT_SUITES),
                    help="where to roll out: the benchmarks with scripted experts to label the visited states")
-    p.add_argument("--init", required=True, help="checkpoint to start from (behaviour-cloned on --demos)")
+    p.add_argument("--init", required=True,
+                   help="checkpoint to start from (behaviour-cloned on --demos): heisd's VLA, or on LIBERO an "
+                        "OpenVLA-architecture checkpoint (`train-vla --arch openvla`; rollouts are recorded at the "
+                        "protocol's 256 px frames with shadows, fine-tuning uses that trainer's defaults)")
     p.add_argument("--demos", nargs="+", required=True,
                    help="the demonstration files --init was trained on (aggregated in every round)")
     p.add_argument("--out", type=Path, required=True,

@@ -10,7 +10,9 @@ expert's answer, into the training data.
     round_<r>/rollouts.hdf5   the round's actor (round r-1's checkpoint, round 1: --init) rolled
                               out on layouts of seed `seed + r - 1`, expert-labelled (LIBERO:
                               round_<r>/rollouts/<task>_demo.hdf5, one file per task)
-    round_<r>/vla/            the checkpoint fine-tuned from the actor on demos + rollouts 1..r
+    round_<r>/vla/            the checkpoint fine-tuned from the actor on demos + rollouts 1..r (an
+                              OpenVLA-architecture --init: rolled out on the protocol's 256 px frames
+                              and fine-tuned as `train-vla --arch openvla` does, with its defaults)
     dagger.json               the configuration (a resumed run must match it, except for the number of
                               rounds, which may grow, and the threads and workers)
     dagger_log.jsonl          per round: the actor's success per task on its rollouts, data, training
@@ -131,9 +133,11 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool, ex
     import torch
 
     from heisd.benchmarks.cameras import DEFAULT_CAMERA, UNRECORDED_CAMERA
+    from heisd.benchmarks.libero_protocol import PROTOCOL_RENDER_SIZE
     from heisd.benchmarks.registry import is_libero
     from heisd.runtime.demos import generate_demos
     from heisd.runtime.recording import DemoConfig
+    from heisd.targets.openvla.train import OpenVLAShape, train_openvla
     from heisd.targets.vla.train import (
         TRAIN_STATE_FILE,
         TrainConfig,
@@ -145,6 +149,7 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool, ex
 
     folder = out / f"round_{r}"
     folder.mkdir(parents=True, exist_ok=True)
+    openvla = _openvla(actor)
     t0 = time.perf_counter()
     if not all(p.is_file() for p in rollout_files(cfg, folder)):  # written all at once: none or every one
         # mw: the camera the actor knows; else its demonstrations' (fine-tuning mixes them with these rollouts,
@@ -152,7 +157,8 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool, ex
         camera = DEFAULT_CAMERA if is_libero(cfg.benchmark) else (
             trained_camera(actor) or demo_camera([Path(p) for p in cfg.demos]) or UNRECORDED_CAMERA)
         demo_cfg = DemoConfig(cfg.tasks, cfg.episodes, cfg.round_seed(r), camera=camera, max_steps=cfg.max_steps,
-                              policy=str(actor), expert_labels=True, benchmark=cfg.benchmark)
+                              policy=str(actor), expert_labels=True, benchmark=cfg.benchmark,
+                              **(dict(image_size=PROTOCOL_RENDER_SIZE, shadows=True) if openvla else {}))
         generate_demos(demo_cfg, _rollout_output(cfg, folder), progress=progress, executor=executor)
     rollout_s = time.perf_counter() - t0
     ckpt = folder / "vla"
@@ -164,8 +170,13 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool, ex
     if read_train_info(ckpt).get("step") != cfg.steps:  # not trained to the end yet
         torch.set_num_threads(cfg.threads)
         resume = (ckpt / TRAIN_STATE_FILE).is_file()
-        train(data, ckpt, train_cfg, chunk=_chunk(actor), resume=resume, benchmark=cfg.benchmark, init_from=actor,
-              overwrite=not resume and ckpt.exists())
+        overwrite = not resume and ckpt.exists()
+        if openvla:
+            train_openvla(data, ckpt, train_cfg, OpenVLAShape(), resume=resume, overwrite=overwrite,
+                          workers=cfg.threads, init_from=actor)
+        else:
+            train(data, ckpt, train_cfg, chunk=_chunk(actor), resume=resume, benchmark=cfg.benchmark,
+                  init_from=actor, overwrite=overwrite)
     if r not in logged_rounds(out):
         _log(out, {"round": r, "actor": str(actor), "checkpoint": str(ckpt), "rollout_seed": cfg.round_seed(r),
                    "actor_success": rollout_success(rollout_files(cfg, folder)),
@@ -210,12 +221,27 @@ def rollout_success(paths: list[Path]) -> dict[str, float]:
     return {t: sum(v) / len(v) for t, v in sorted(wins.items())}
 
 
-def _check_init(cfg: DaggerConfig) -> None:
-    """--init must be a heisd VLA that acts in the benchmark (DAgger fine-tunes it on its own rollouts)."""
-    from heisd.runtime.recording import check_recordable
-    from heisd.targets import load_target
+def _openvla(checkpoint: str | Path) -> bool:
+    from heisd.targets.load import OPENVLA, checkpoint_kind
 
-    check_recordable(load_target(cfg.init), cfg.init, cfg.benchmark, "--init")
+    return checkpoint_kind(checkpoint) == OPENVLA
+
+
+def _check_init(cfg: DaggerConfig) -> None:
+    """--init must be a target that acts in the benchmark (DAgger fine-tunes it on its own rollouts): heisd's
+    VLA, or on LIBERO an OpenVLA-architecture checkpoint (rolled out on the protocol's frames)."""
+    from heisd.benchmarks.libero_protocol import PROTOCOL_RENDER_SIZE
+    from heisd.benchmarks.registry import is_libero
+    from heisd.errors import UsageError
+    from heisd.runtime.recording import check_recordable
+    from heisd.targets.load import closed_loop_unnorm_key, load_target
+
+    if _openvla(cfg.init) and not is_libero(cfg.benchmark):
+        raise UsageError(f"--init {cfg.init}: an OpenVLA checkpoint acts in LIBERO suites (under OpenVLA's protocol), "
+                         f"not in {cfg.benchmark}")
+    target = load_target(cfg.init, unnorm_key=closed_loop_unnorm_key(cfg.init, cfg.benchmark, None))
+    frames = (PROTOCOL_RENDER_SIZE, True) if _openvla(cfg.init) else None
+    check_recordable(target, cfg.init, cfg.benchmark, "--init", frames)
 
 
 def _chunk(checkpoint: Path) -> int:

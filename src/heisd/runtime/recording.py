@@ -177,9 +177,9 @@ def _target_policy(directory: str, benchmark: str, image_size: int, shadows: boo
 def check_recordable(target, directory: str | Path, benchmark: str, flag: str,
                      frames: tuple[int, bool] | None = None) -> None:
     """Rollouts are recorded for targets acting in `benchmark`; `flag` names where the target came from
-    in the message (`--policy` for demos, `--init` for dagger). `frames` (image size, shadows) is what
-    `demos` renders: given, LIBERO also takes OpenVLA-protocol targets, which read the protocol's 256 px
-    frames with shadows (dagger's rounds retrain heisd's own VLA, so it passes none)."""
+    in the message (`--policy` for demos, `--init` for dagger). `frames` (image size, shadows) is what the
+    rollouts render: given, LIBERO also takes OpenVLA-protocol targets, which read the protocol's 256 px
+    frames with shadows; None: heisd's own targets only."""
     from heisd.benchmarks.libero_protocol import PROTOCOL_RENDER_SIZE
     from heisd.benchmarks.registry import action_dim, is_libero
     from heisd.errors import UsageError

@@ -31,7 +31,7 @@ from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.errors import UsageError
 from heisd.storage import OutputKind
 from heisd.storage.guard import has_file, json_with
-from heisd.targets.openvla.config import CONFIG_FILE, PREPROCESSOR_FILE
+from heisd.targets.openvla.config import CONFIG_FILE, PREPROCESSOR_FILE, OpenVLAConfig
 from heisd.targets.openvla.load import ATTENTION, file_shapes, finish, load_openvla, read_parts
 from heisd.targets.openvla.model import OpenVLA
 from heisd.targets.openvla.standin_tokenizer import save_standin_tokenizer
@@ -172,6 +172,12 @@ def new_model(out: Path, config: dict, seed: int) -> OpenVLA:
     return finish(model, torch.device("cpu"))
 
 
+def _stats_key(directory: Path, suite_key: str) -> str | None:
+    """The statistics a fine-tuned checkpoint tokenizes its labels with: its only set, else the data's suite
+    (`<suite>` or `<suite>_no_noops`, as OpenVLA-7B holds one set per dataset)."""
+    return None if len(OpenVLAConfig.from_dir(directory).norm_stats) == 1 else suite_key
+
+
 def save_weights(model: OpenVLA, out: Path) -> None:
     """model.safetensors in OpenVLA's key names and dtype (bf16), with the never-run keys a real file holds
     (the same random tensors at every checkpoint: a fixed seed)."""
@@ -200,15 +206,16 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
         state = None
         if resume:
             state, run_cfg = resume_state(out, cfg)
-            model = load_openvla(out)
+            model = load_openvla(out, unnorm_key=_stats_key(out, name))
             model.load_state_dict(state["model"])
         elif init_from is not None:
             run_cfg = cfg
             out.mkdir(parents=True, exist_ok=True)
             for static in STATIC_FILES:
                 shutil.copyfile(Path(init_from) / static, out / static)
-            model = load_openvla(init_from)
-            model.parts = read_parts(out, unnorm_key=None, weights=(WEIGHTS_FILE,))  # the run's own files
+            key = _stats_key(Path(init_from), name)
+            model = load_openvla(init_from, unnorm_key=key)
+            model.parts = read_parts(out, unnorm_key=key, weights=(WEIGHTS_FILE,))  # the run's own files
         else:
             run_cfg = cfg
             labels = np.concatenate([e[3] for e in episodes])
