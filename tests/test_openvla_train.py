@@ -103,6 +103,11 @@ def test_no_op_steps_are_left_out_as_openvlas_data_does():
     # step 1: still, gripper as before; step 2 closes the gripper; 4 and 5 wait for the fingers
     assert moving_steps(a, 0.1).tolist() == [0, 2, 3]
     assert moving_steps(a, 0.0).tolist() == list(range(6))
+    # with the finger positions: step 4's fingers still close (frame 4 -> 5), so it stays; step 5 waits at rest
+    fingers = np.array([[0.04, -0.04]] * 4 + [[0.037, -0.037], [0.032, -0.031]])
+    assert moving_steps(a, 0.1, fingers).tolist() == [0, 2, 3, 4]
+    fingers[3:] = 0.02  # at rest after step 2
+    assert moving_steps(a, 0.1, fingers).tolist() == [0, 2, 3]
 
 
 def test_resume_continues_the_same_run(tmp_path, monkeypatch):

@@ -59,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "back (1 = off); its LIBERO eval center-crops the same area unless --no-center-crop")
     size.add_argument("--noop-threshold", type=float, default=0.1,
                       help="openvla: leave out steps that move less than this in every dimension with the gripper "
-                           "unchanged, as OpenVLA's LIBERO data leaves out no-op steps (0 keeps all): a target that "
-                           "reads no state cannot see how long the experts' grasp wait has lasted")
+                           "unchanged and the fingers at rest, as OpenVLA's LIBERO data leaves out no-op steps (0 "
+                           "keeps all): a target that reads no state cannot see how long the experts' grasp wait "
+                           "has lasted, but it must see the fingers closing labelled 'close'")
 
 
 def run(args: argparse.Namespace) -> int:

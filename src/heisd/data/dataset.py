@@ -182,6 +182,13 @@ class DemoFile:
         g = self._data[name]
         return np.asarray(g["actions"][()], dtype=np.float32), bool(g.attrs.get("success", True))
 
+    def gripper_states(self, name: str) -> np.ndarray:
+        """(T, G) finger positions of one episode, without reading its frames."""
+        if name not in self._names:
+            raise DemoFormatError(f"{self.path}: no episode data/{name}")
+        g = self._data[name]
+        return np.asarray(g["obs/gripper_states"][()], dtype=np.float32).reshape(len(g["actions"]), -1)
+
     def episode(self, name: str) -> Episode:
         if name not in self._names:
             raise DemoFormatError(f"{self.path}: no episode data/{name}")

@@ -59,7 +59,7 @@ class OpenVLAShape:
     hidden_size: int | None = None  # Llama width (MLP 4x); None = the base shape's
     layers: int | None = None  # Llama decoder layers; None = the base shape's
     crop_area: float = 0.9  # OpenVLA's random-crop augmentation (its LIBERO eval center-crops this area); 1 = off
-    noop_threshold: float = 0.1  # drop steps moving less than this in every dimension with the gripper unchanged
+    noop_threshold: float = 0.1  # drop steps moving less than this in every dimension, gripper and fingers at rest
 
     def __post_init__(self) -> None:
         if not 0 < self.crop_area <= 1:
@@ -88,16 +88,25 @@ def action_statistics(labels: np.ndarray, n_episodes: int) -> dict:
     return {"action": stat, "num_transitions": int(len(a)), "num_trajectories": int(n_episodes)}
 
 
-def moving_steps(actions: np.ndarray, threshold: float) -> np.ndarray:
+FINGERS_AT_REST = 1e-3  # m in one step: fingers moving less have stopped (closing on an object: 2-4e-3 per step)
+
+
+def moving_steps(actions: np.ndarray, threshold: float, fingers: np.ndarray | None = None) -> np.ndarray:
     """Indices of the steps to train on: OpenVLA's LIBERO data drops no-op steps (no motion, the gripper as
-    before); here "no motion" is every motion component below `threshold` (0 keeps every step). The scripted
-    experts wait a fixed number of such steps for the fingers to close and open, and a target that reads no
-    state cannot tell how long it has waited: trained on the waits, it waits for ever (BENCHMARKS 15)."""
+    before); here "no motion" is every arm component below `threshold` (0 keeps every step) and, where the
+    finger positions [T, G] are given, the fingers at rest over the step. The scripted experts hold still
+    for a fixed number of steps while the fingers close, and a target that reads no state cannot time that:
+    trained on the whole wait it waits for ever (BENCHMARKS 15.3); trained on none of it, it never sees
+    half-closed fingers labelled "close" and opens them again (15.6). So the steps whose fingers still move
+    stay, and the rest of the wait goes."""
     if threshold <= 0:
         return np.arange(len(actions))
     grip = actions[:, -1]
     same = np.r_[False, grip[1:] == grip[:-1]]
     still = np.abs(actions[:, :-1]).max(axis=1) < threshold
+    if fingers is not None:
+        moved = np.abs(np.diff(fingers, axis=0)).max(axis=1, initial=0.0)  # step t: frame t -> t + 1
+        still &= np.r_[moved < FINGERS_AT_REST, True]
     return np.flatnonzero(~(still & same))
 
 
@@ -119,7 +128,7 @@ def _episodes(paths: Sequence[Path], skip_invalid: bool, noop_threshold: float
                 if not success and f.attrs.get("source") != "dagger":
                     dropped += 1
                     continue
-                steps = moving_steps(actions, noop_threshold)
+                steps = moving_steps(actions, noop_threshold, f.gripper_states(name))
                 kept.append((Path(path), name, f.libero.instruction, openvla_gripper_label(actions[steps]), steps))
     if not kept:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in paths]}")
