@@ -187,3 +187,10 @@ def test_a_dagger_round_on_an_openvla_checkpoint(tiny_openvla_dir, tmp_path):
     log = json.loads((tmp_path / "run" / LOG_FILE).read_text().splitlines()[0])
     assert log["train_metrics"] and log["rollout_seed"] == 20
     assert load_target(final, unnorm_key="libero_spatial").spec.protocol == "openvla"
+
+
+def test_demos_refuse_an_openvla_policy_outside_libero(tiny_openvla_dir):
+    from heisd.runtime.recording import _target_policy
+
+    with pytest.raises(UsageError, match="--policy .*: an OpenVLA checkpoint acts in LIBERO suites .* not in mw"):
+        _target_policy(str(tiny_openvla_dir), "mw", 256, True)  # before its statistics are picked

@@ -231,17 +231,9 @@ def _check_init(cfg: DaggerConfig) -> None:
     """--init must be a target that acts in the benchmark (DAgger fine-tunes it on its own rollouts): heisd's
     VLA, or on LIBERO an OpenVLA-architecture checkpoint (rolled out on the protocol's frames)."""
     from heisd.benchmarks.libero_protocol import PROTOCOL_RENDER_SIZE
-    from heisd.benchmarks.registry import is_libero
-    from heisd.errors import UsageError
-    from heisd.runtime.recording import check_recordable
-    from heisd.targets.load import closed_loop_unnorm_key, load_target
+    from heisd.runtime.recording import load_recordable
 
-    if _openvla(cfg.init) and not is_libero(cfg.benchmark):
-        raise UsageError(f"--init {cfg.init}: an OpenVLA checkpoint acts in LIBERO suites (under OpenVLA's protocol), "
-                         f"not in {cfg.benchmark}")
-    target = load_target(cfg.init, unnorm_key=closed_loop_unnorm_key(cfg.init, cfg.benchmark, None))
-    frames = (PROTOCOL_RENDER_SIZE, True) if _openvla(cfg.init) else None
-    check_recordable(target, cfg.init, cfg.benchmark, "--init", frames)
+    load_recordable(cfg.init, cfg.benchmark, "--init", (PROTOCOL_RENDER_SIZE, True) if _openvla(cfg.init) else None)
 
 
 def _chunk(checkpoint: Path) -> int:

@@ -166,12 +166,25 @@ def _target_policy(directory: str, benchmark: str, image_size: int, shadows: boo
 
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
-    from heisd.targets.load import closed_loop_unnorm_key, load_target
 
     torch.set_num_threads(1)  # one simulator + one model per process
-    target = load_target(directory, unnorm_key=closed_loop_unnorm_key(directory, benchmark, None))
-    check_recordable(target, directory, benchmark, "--policy", (image_size, shadows))
+    target = load_recordable(directory, benchmark, "--policy", (image_size, shadows))
     return VLAPolicy(target, build_decoders(MethodConfig("ar"), target))
+
+
+def load_recordable(directory: str | Path, benchmark: str, flag: str, frames: tuple[int, bool] | None):
+    """The target in `directory` loaded to act in `benchmark` (an OpenVLA checkpoint with the suite's
+    statistics, as `eval` loads it), refused unless its rollouts can be recorded there (`check_recordable`)."""
+    from heisd.benchmarks.registry import is_libero
+    from heisd.errors import UsageError
+    from heisd.targets.load import OPENVLA, checkpoint_kind, closed_loop_unnorm_key, load_target
+
+    if checkpoint_kind(directory) == OPENVLA and not is_libero(benchmark):
+        raise UsageError(f"{flag} {directory}: an OpenVLA checkpoint acts in LIBERO suites (under OpenVLA's protocol), "
+                         f"not in {benchmark}")
+    target = load_target(directory, unnorm_key=closed_loop_unnorm_key(directory, benchmark, None))
+    check_recordable(target, directory, benchmark, flag, frames)
+    return target
 
 
 def check_recordable(target, directory: str | Path, benchmark: str, flag: str,
