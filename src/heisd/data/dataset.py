@@ -177,22 +177,20 @@ class DemoFile:
 
     def summary(self, name: str) -> tuple[np.ndarray, bool]:
         """(actions, success) of one episode, without reading its frames."""
-        if name not in self._names:
-            raise DemoFormatError(f"{self.path}: no episode data/{name}")
-        g = self._data[name]
+        g = self._group(name)
         return np.asarray(g["actions"][()], dtype=np.float32), bool(g.attrs.get("success", True))
 
     def gripper_states(self, name: str) -> np.ndarray:
         """(T, G) finger positions of one episode, without reading its frames."""
+        return _gripper_states(self._group(name))
+
+    def _group(self, name: str):
         if name not in self._names:
             raise DemoFormatError(f"{self.path}: no episode data/{name}")
-        g = self._data[name]
-        return np.asarray(g["obs/gripper_states"][()], dtype=np.float32).reshape(len(g["actions"]), -1)
+        return self._data[name]
 
     def episode(self, name: str) -> Episode:
-        if name not in self._names:
-            raise DemoFormatError(f"{self.path}: no episode data/{name}")
-        g = self._data[name]
+        g = self._group(name)
         try:
             images = np.asarray(g["obs/agentview_rgb"][()], dtype=np.uint8)
             return Episode(
@@ -202,9 +200,7 @@ class DemoFile:
                 actions=np.asarray(g["actions"][()], dtype=np.float32),
                 images=np.ascontiguousarray(images[:, ::-1, ::-1]) if self.libero else images,
                 ee_pos=np.asarray(g["obs/ee_pos"][()], dtype=np.float32),
-                gripper=np.asarray(g["obs/gripper_states"][()], dtype=np.float32).reshape(
-                    len(g["actions"]), -1
-                ),
+                gripper=_gripper_states(g),
                 success=bool(g.attrs.get("success", True)),
                 goal_pos=np.asarray(g["obs/goal_pos"][()], dtype=np.float32) if "obs/goal_pos" in g else None,
             )
@@ -245,6 +241,11 @@ class ActionStats:
         if missing:
             raise ValueError(f"action statistics are missing {missing}")
         return cls(**{k: np.asarray(d[k], dtype=np.float32) for k in cls.__dataclass_fields__})
+
+
+def _gripper_states(g) -> np.ndarray:
+    """An episode group's gripper states as (T, G), one row per action."""
+    return np.asarray(g["obs/gripper_states"][()], dtype=np.float32).reshape(len(g["actions"]), -1)
 
 
 def compute_action_stats(paths: Sequence[str | Path], skip_invalid: bool = False) -> ActionStats:
