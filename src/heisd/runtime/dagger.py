@@ -137,6 +137,7 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool, ex
     from heisd.benchmarks.registry import is_libero
     from heisd.runtime.demos import generate_demos
     from heisd.runtime.recording import DemoConfig
+    from heisd.targets.load import is_openvla
     from heisd.targets.openvla.train import OpenVLAShape, train_openvla
     from heisd.targets.vla.train import (
         TRAIN_STATE_FILE,
@@ -149,7 +150,7 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool, ex
 
     folder = out / f"round_{r}"
     folder.mkdir(parents=True, exist_ok=True)
-    openvla = _openvla(actor)
+    openvla = is_openvla(actor)
     t0 = time.perf_counter()
     if not all(p.is_file() for p in rollout_files(cfg, folder)):  # written all at once: none or every one
         # mw: the camera the actor knows; else its demonstrations' (fine-tuning mixes them with these rollouts,
@@ -221,19 +222,14 @@ def rollout_success(paths: list[Path]) -> dict[str, float]:
     return {t: sum(v) / len(v) for t, v in sorted(wins.items())}
 
 
-def _openvla(checkpoint: str | Path) -> bool:
-    from heisd.targets.load import OPENVLA, checkpoint_kind
-
-    return checkpoint_kind(checkpoint) == OPENVLA
-
-
 def _check_init(cfg: DaggerConfig) -> None:
     """--init must be a target that acts in the benchmark (DAgger fine-tunes it on its own rollouts): heisd's
     VLA, or on LIBERO an OpenVLA-architecture checkpoint (rolled out on the protocol's frames)."""
     from heisd.benchmarks.libero_protocol import PROTOCOL_RENDER_SIZE
     from heisd.runtime.recording import load_recordable
+    from heisd.targets.load import is_openvla
 
-    load_recordable(cfg.init, cfg.benchmark, "--init", (PROTOCOL_RENDER_SIZE, True) if _openvla(cfg.init) else None)
+    load_recordable(cfg.init, cfg.benchmark, "--init", (PROTOCOL_RENDER_SIZE, True) if is_openvla(cfg.init) else None)
 
 
 def _chunk(checkpoint: Path) -> int:

@@ -177,9 +177,9 @@ def load_recordable(directory: str | Path, benchmark: str, flag: str, frames: tu
     statistics, as `eval` loads it), refused unless its rollouts can be recorded there (`check_recordable`)."""
     from heisd.benchmarks.registry import is_libero
     from heisd.errors import UsageError
-    from heisd.targets.load import OPENVLA, checkpoint_kind, closed_loop_unnorm_key, load_target
+    from heisd.targets.load import closed_loop_unnorm_key, is_openvla, load_target
 
-    if checkpoint_kind(directory) == OPENVLA and not is_libero(benchmark):
+    if is_openvla(directory) and not is_libero(benchmark):
         raise UsageError(f"{flag} {directory}: an OpenVLA checkpoint acts in LIBERO suites (under OpenVLA's protocol), "
                          f"not in {benchmark}")
     target = load_target(directory, unnorm_key=closed_loop_unnorm_key(directory, benchmark, None))

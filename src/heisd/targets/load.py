@@ -28,12 +28,16 @@ def checkpoint_kind(directory: str | Path) -> str:
     raise CheckpointError(f"{path}: model_type {kind!r} is not a supported target (expected 'openvla' or none)")
 
 
+def is_openvla(directory: str | Path) -> bool:
+    return checkpoint_kind(directory) == OPENVLA
+
+
 def closed_loop_unnorm_key(directory: str | Path, benchmark: str, unnorm_key: str | None) -> str | None:
     """The statistics an OpenVLA target acting in a LIBERO suite de-normalizes with when none is named:
     the suite's, as OpenVLA's eval (run_libero_eval.py) does (`<suite>`, else `<suite>_no_noops`)."""
     from heisd.benchmarks.registry import is_libero
 
-    if unnorm_key is None and is_libero(benchmark) and checkpoint_kind(directory) == OPENVLA:
+    if unnorm_key is None and is_libero(benchmark) and is_openvla(directory):
         return benchmark
     return unnorm_key
 
@@ -41,7 +45,7 @@ def closed_loop_unnorm_key(directory: str | Path, benchmark: str, unnorm_key: st
 def load_target(directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                 unnorm_key: str | None = None) -> Target:
     """The target in eval mode on `device`/`dtype`. `unnorm_key` picks OpenVLA's action statistics."""
-    if checkpoint_kind(directory) == OPENVLA:
+    if is_openvla(directory):
         from heisd.targets.openvla import load_openvla
 
         return load_openvla(directory, device=device, dtype=dtype, unnorm_key=unnorm_key)
