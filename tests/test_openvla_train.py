@@ -78,7 +78,7 @@ def test_frames_and_labels_are_what_the_protocol_feeds(tmp_path):
     paths = _demos(tmp_path)
     episodes, dropped, invalid, name = _episodes(paths, False, 0.0)
     assert (len(episodes), dropped, invalid, name) == (6, 0, 0, "libero_object")
-    stats = {name: action_statistics(np.concatenate([e[3] for e in episodes]), len(episodes))}
+    stats = {name: action_statistics(np.concatenate([e.labels for e in episodes]), len(episodes))}
     (tmp_path / "m").mkdir()
     model = new_model(tmp_path / "m", TINY.config(stats), seed=0)
     frames = read_frames(episodes[:2], model, workers=1)

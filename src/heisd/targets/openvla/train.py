@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -110,11 +110,20 @@ def moving_steps(actions: np.ndarray, threshold: float, fingers: np.ndarray | No
     return np.flatnonzero(~(still & same))
 
 
+class KeptEpisode(NamedTuple):
+    """One episode to train on: where it is, and its steps that are not no-ops."""
+
+    path: Path
+    name: str
+    instruction: str
+    labels: np.ndarray  # OpenVLA's labels of the kept steps (`openvla_gripper_label`)
+    steps: np.ndarray  # indices of the kept steps (`moving_steps`)
+
+
 def _episodes(paths: Sequence[Path], skip_invalid: bool, noop_threshold: float
-              ) -> tuple[list[tuple[Path, str, str, np.ndarray, np.ndarray]], int, int, str]:
-    """(file, episode, instruction, labels, kept steps) of every successful episode (no-op steps left out),
-    failed ones dropped, invalid ones, and the norm_stats key: the files' LIBERO suite when they agree,
-    else "libero"."""
+              ) -> tuple[list[KeptEpisode], int, int, str]:
+    """Every successful episode (no-op steps left out), failed ones dropped, invalid ones, and the
+    norm_stats key: the files' LIBERO suite when they agree, else "libero"."""
     kept, dropped, invalid, suites = [], 0, 0, set()
     for path in paths:
         with DemoFile(path, skip_invalid) as f:
@@ -129,7 +138,8 @@ def _episodes(paths: Sequence[Path], skip_invalid: bool, noop_threshold: float
                     dropped += 1
                     continue
                 steps = moving_steps(actions, noop_threshold, f.gripper_states(name))
-                kept.append((Path(path), name, f.libero.instruction, openvla_gripper_label(actions[steps]), steps))
+                kept.append(KeptEpisode(Path(path), name, f.libero.instruction, openvla_gripper_label(actions[steps]),
+                                        steps))
     if not kept:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in paths]}")
     return kept, dropped, invalid, suites.pop() if len(suites) == 1 else "libero"
@@ -142,29 +152,28 @@ def _episode_frames(job: tuple[Path, str, np.ndarray]) -> np.ndarray:
         return protocol_frames("openvla", f.episode(name).images[steps])
 
 
-def read_frames(episodes: list[tuple[Path, str, str, np.ndarray, np.ndarray]], model: OpenVLA, workers: int) -> Frames:
+def read_frames(episodes: list[KeptEpisode], model: OpenVLA, workers: int) -> Frames:
     """The episodes' frames, prompts and action tokens. Frames go through `protocol_frames` in `workers`
     processes, straight into one preallocated array (a few GB: never held twice)."""
-    n = sum(len(labels) for _, _, _, labels, _ in episodes)
+    n = sum(len(e.labels) for e in episodes)
     size = model.spec.image_size
     images = torch.empty((n, size, size, 3), dtype=torch.uint8)
     prompt = model.parts.prompt  # left-padded, as teacher_forced's prompt_mask expects
-    prompt_ids, prompt_mask = left_padded([prompt.encode(instruction) for _, _, instruction, _, _ in episodes],
-                                          prompt.pad_id)
+    prompt_ids, prompt_mask = left_padded([prompt.encode(e.instruction) for e in episodes], prompt.pad_id)
     tok = model.action_tokenizer
-    jobs = [(path, name, steps) for path, name, _, _, steps in episodes]
+    jobs = [(e.path, e.name, e.steps) for e in episodes]
     row = 0
     with ProcessPoolExecutor(max(1, workers)) as pool, tqdm(total=n, desc="frames", unit="frame") as bar:
-        for (_, _, _, labels, _), frames in zip(episodes, pool.map(_episode_frames, jobs)):
+        for frames in pool.map(_episode_frames, jobs):
             if frames.shape[1:] != (size, size, 3):
                 raise DemoFormatError(f"frames of shape {frames.shape[1:]}, expected {(size, size, 3)}")
             images[row:row + len(frames)] = torch.from_numpy(frames)
             row += len(frames)
             bar.update(len(frames))
-    ids = [tok.encode(chunk_targets(labels, 1)).reshape(len(labels), -1) for _, _, _, labels, _ in episodes]
+    ids = [tok.encode(chunk_targets(e.labels, 1)).reshape(len(e.labels), -1) for e in episodes]
     return Frames(images=images, states=torch.zeros((n, 0)), action_ids=torch.from_numpy(np.concatenate(ids)),
                   prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                  episode=episode_rows([len(e[3]) for e in episodes]))
+                  episode=episode_rows([len(e.labels) for e in episodes]))
 
 
 def new_model(out: Path, config: dict, seed: int) -> OpenVLA:
@@ -227,7 +236,7 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
             model.parts = read_parts(out, unnorm_key=key, weights=(WEIGHTS_FILE,))  # the run's own files
         else:
             run_cfg = cfg
-            labels = np.concatenate([e[3] for e in episodes])
+            labels = np.concatenate([e.labels for e in episodes])
             stats = {name: action_statistics(labels, len(episodes))}
             out.mkdir(parents=True, exist_ok=True)
             model = new_model(out, shape.config(stats), run_cfg.seed)
