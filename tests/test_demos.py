@@ -137,3 +137,64 @@ def test_demo_seeds_stay_clear_of_evaluation_layouts():
 
     with pytest.raises(ValueError, match="evaluation layouts"):
         DemoConfig(("reach-v3",), episodes=1, seed=EVAL_SEED_OFFSET)
+
+
+class _Interrupted:
+    """Runs jobs in this process and is killed (KeyboardInterrupt) when job `after` would be handed over;
+    `ran` lists the (task, index) of every job it ran."""
+
+    def __init__(self, after: int | None = None):
+        self.after, self.ran = after, []
+
+    def map(self, work, jobs, ordered=False, **_):
+        from heisd.executors import LocalExecutor
+
+        for n, (job, result) in enumerate(LocalExecutor().map(work, jobs, ordered=ordered)):
+            if n == self.after:
+                raise KeyboardInterrupt
+            self.ran.append(job[:2])
+            yield job, result
+
+
+def test_a_killed_recording_resumes_with_only_the_missing_episodes(tmp_path):
+    from heisd.errors import OutputError
+    from heisd.runtime.episode_store import partial_path
+
+    cfg = DemoConfig(tasks=("reach-v3", "drawer-close-v3"), episodes=2, seed=7, image_size=32)
+    out = tmp_path / "d.hdf5"
+    killed = _Interrupted(after=3)
+    with pytest.raises(KeyboardInterrupt):
+        generate_demos(cfg, out, progress=False, executor=killed)
+    assert not out.exists() and len(list(partial_path(out).glob("*.pkl.z"))) == 3
+    with pytest.raises(OutputError, match=r"other settings \(seed\)"):  # kept episodes of other settings
+        generate_demos(DemoConfig(cfg.tasks, 2, seed=8, image_size=32), out, progress=False)
+    resumed = _Interrupted()
+    generate_demos(cfg, out, progress=False, executor=resumed)
+    assert resumed.ran == [("drawer-close-v3", 1)] and not partial_path(out).exists()
+    generate_demos(cfg, tmp_path / "whole.hdf5", progress=False)
+    with DemoFile(out) as a, DemoFile(tmp_path / "whole.hdf5") as b:
+        assert len(list(a)) == len(list(b)) == 4
+        for ea, eb in zip(a, b, strict=True):
+            assert ea.task == eb.task
+            np.testing.assert_array_equal(ea.actions, eb.actions)
+            np.testing.assert_array_equal(ea.images, eb.images)
+
+
+def test_kept_episodes_of_other_settings_go_only_with_overwrite(tmp_path):
+    from heisd.errors import OutputError
+    from heisd.runtime.episode_store import partial_path
+
+    out = tmp_path / "d.hdf5"
+    with pytest.raises(KeyboardInterrupt):
+        generate_demos(DemoConfig(("reach-v3",), 2, seed=7, image_size=32), out, progress=False,
+                       executor=_Interrupted(after=1))
+    other = DemoConfig(("reach-v3",), 1, seed=7, image_size=32, noise=0.1)
+    with pytest.raises(OutputError, match=r"other settings \(noise\).*--overwrite"):
+        generate_demos(other, out, progress=False)
+    ran = _Interrupted()
+    generate_demos(other, out, progress=False, overwrite=True, executor=ran)
+    assert ran.ran == [("reach-v3", 0)] and not partial_path(out).exists()  # the old episode was not reused
+    partial_path(out).mkdir()  # not a recording's: never removed, even with --overwrite
+    with pytest.raises(OutputError, match="not a recording's finished episodes"):
+        generate_demos(other, out, progress=False, overwrite=True)
+    assert partial_path(out).is_dir()

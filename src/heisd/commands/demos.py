@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "layouts and noise, without rendering or writing, and print its success rate per task")
     p.add_argument("--out",
                    help="mw: output .hdf5 file; LIBERO: output directory for <task>_demo.hdf5 files (written "
-                        "atomically); required unless --measure")
+                        "atomically); required unless --measure. Finished episodes wait in OUT.partial until the "
+                        "output is written: a killed recording, run again with the same settings, records only the "
+                        "rest")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing demonstration file at --out (never a file heisd did not make)")
     add_ray_arguments(p, "episodes (the file is the same as a local run's: episodes are written in order)")

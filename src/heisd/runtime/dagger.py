@@ -17,8 +17,9 @@ expert's answer, into the training data.
                               rounds, which may grow, and the threads and workers)
     dagger_log.jsonl          per round: the actor's success per task on its rollouts, data, training
 
-A killed run resumes where it stopped: finished rollout files and trainings are kept, a
-partial training continues from its own train_state.
+A killed run resumes where it stopped: finished rollout files and trainings are kept, a round's
+unfinished rollouts keep their finished episodes (`heisd.runtime.episode_store`), a partial
+training continues from its own train_state.
 """
 
 from __future__ import annotations

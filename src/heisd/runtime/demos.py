@@ -27,6 +27,7 @@ from pathlib import Path
 
 from heisd import __version__
 from heisd.executors import LocalExecutor
+from heisd.runtime.episode_store import EpisodeStore, announce_resume
 from heisd.runtime.recording import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, episode_work
 from heisd.storage import atomic_file, check_output
 from heisd.storage.hdf5 import HDF5Output
@@ -52,6 +53,8 @@ def generate_demos(cfg: DemoConfig, out: Path, progress: bool = True, overwrite:
     start = time.time()
     kept, dropped, steps = 0, {}, 0
     jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
+    store = EpisodeStore(out, cfg, overwrite)
+    announce_resume(store, jobs, progress)
     # a full disk stops the recording at the episode it hits and leaves nothing (heisd.storage.hdf5);
     # the bar is closed before an error reaches the command line, which prints it as the last line
     with (tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar, atomic_file(out) as tmp,
@@ -64,11 +67,12 @@ def generate_demos(cfg: DemoConfig, out: Path, progress: bool = True, overwrite:
         data.attrs[VERSION_ATTR] = __version__
         # Episodes are independent jobs (each a pure function of its seed), written in job order,
         # so the file is identical for any number of workers, here or on Ray
-        for _, ep in (executor or LocalExecutor()).map(episode_work, jobs, ordered=True):
+        for ep in store.episodes(jobs, executor or LocalExecutor()):
             kept, steps = _write(data, ep, kept, steps, dropped, keep_failed=cfg.source in KEEP_FAILED)
             h5.check()
             bar.update(1)
         data.attrs["total"] = steps
+    store.remove()
     wall = time.time() - start
     return {"kept": kept, "dropped": dropped, "steps": steps, "seconds": wall, "steps_per_s": steps / wall}
 

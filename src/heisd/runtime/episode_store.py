@@ -1,0 +1,106 @@
+"""Finished episodes of a recording, kept beside its output (`OUT.partial/`) until the output is
+written, so that a killed `heisd demos` (or a DAgger round's rollouts) run again with the same
+settings records only the episodes it had not finished. An episode is a pure function of its task,
+index and settings (`heisd.runtime.recording`), so a resumed recording writes the same files as an
+uninterrupted one. The task list and episode count may change between runs: an episode's data does
+not depend on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+from heisd.errors import OutputError
+from heisd.runtime.recording import DemoConfig, episode_work
+from heisd.storage import write_json
+
+SUFFIX = ".partial"
+SETTINGS_FILE = "recording.json"
+PER_EPISODE = ("tasks", "episodes")  # settings an episode's data does not depend on
+
+
+def partial_path(out: Path) -> Path:
+    return out.parent / (out.name + SUFFIX)
+
+
+class EpisodeStore:
+    """`OUT.partial/`: `recording.json` (the settings) and one compressed pickle per finished episode.
+    Kept episodes of other settings are refused, or with `overwrite` thrown away; of the same settings
+    they are used even with `overwrite` (they are the episodes the recording would make)."""
+
+    def __init__(self, out: Path, cfg: DemoConfig, overwrite: bool = False):
+        self.dir = partial_path(Path(out))
+        settings = {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k not in PER_EPISODE}
+        saved = self.dir / SETTINGS_FILE
+        if self.dir.exists():
+            try:
+                before = json.loads(saved.read_text())
+                if not isinstance(before, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as e:  # not ours to remove, even with --overwrite
+                raise OutputError(f"{self.dir} is not a recording's finished episodes ({saved.name}: {e}); "
+                                  "move it away to record here") from e
+            if before != settings:
+                if not overwrite:
+                    changed = ", ".join(sorted(k for k in settings if before.get(k) != settings[k]))
+                    raise OutputError(f"{self.dir} holds the finished episodes of a recording with other settings "
+                                      f"({changed}): rerun with them to resume it, or pass --overwrite to start over")
+                shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not saved.is_file():
+            write_json(saved, settings)
+
+    def finished(self, jobs: Iterable[tuple]) -> int:
+        return sum(self._file(job).is_file() for job in jobs)
+
+    def episodes(self, jobs: list[tuple], executor) -> Iterator[dict]:
+        """Every job's episode in job order: read back when finished before, else recorded (on
+        `executor`) and kept here as soon as it arrives."""
+        done = {job[:2] for job in jobs if self._file(job).is_file()}
+        fresh = executor.map(episode_work, [job for job in jobs if job[:2] not in done], ordered=True)
+        try:
+            for job in jobs:
+                if job[:2] in done:
+                    yield self._load(job)
+                else:
+                    _, ep = next(fresh)
+                    self._save(job, ep)
+                    yield ep
+        finally:
+            fresh.close()  # an error or interrupt stops the workers now
+
+    def remove(self) -> None:
+        """The output is written: the kept episodes are no longer needed."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _file(self, job: tuple) -> Path:
+        task, index = job[:2]
+        return self.dir / f"{task}.{index}.pkl.z"
+
+    def _save(self, job: tuple, ep: dict) -> None:
+        path = self._file(job)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(zlib.compress(pickle.dumps(ep, protocol=pickle.HIGHEST_PROTOCOL), 1))
+        os.replace(tmp, path)  # a kill mid-write leaves no episode file, only the .tmp
+
+    def _load(self, job: tuple) -> dict:
+        path = self._file(job)
+        try:
+            return pickle.loads(zlib.decompress(path.read_bytes()))
+        except (OSError, zlib.error, pickle.UnpicklingError, EOFError) as e:
+            raise OutputError(f"{path}: a finished episode cannot be read back ({e}); remove the file to record "
+                              "that episode again") from e
+
+
+def announce_resume(store: EpisodeStore, jobs: list[tuple], progress: bool) -> None:
+    done = store.finished(jobs)
+    if done and progress:
+        print(f"resuming: {done} of {len(jobs)} episodes were recorded before ({store.dir})", file=sys.stderr)
