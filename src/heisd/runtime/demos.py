@@ -27,7 +27,7 @@ from pathlib import Path
 
 from heisd import __version__
 from heisd.executors import LocalExecutor
-from heisd.runtime.episode_store import EpisodeStore, announce_resume
+from heisd.runtime.episode_store import episode_store, jobs_of
 from heisd.runtime.recording import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig, episode_work
 from heisd.storage import atomic_file, check_output
 from heisd.storage.hdf5 import HDF5Output
@@ -52,12 +52,12 @@ def generate_demos(cfg: DemoConfig, out: Path, progress: bool = True, overwrite:
     check_output(out, DEMOS, overwrite)
     start = time.time()
     kept, dropped, steps = 0, {}, 0
-    jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
-    store = EpisodeStore(out, cfg, overwrite)
-    announce_resume(store, jobs, progress)
-    # a full disk stops the recording at the episode it hits and leaves nothing (heisd.storage.hdf5);
-    # the bar is closed before an error reaches the command line, which prints it as the last line
-    with (tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar, atomic_file(out) as tmp,
+    jobs = jobs_of(cfg)
+    # a full disk stops the recording at the episode it hits and leaves no file (heisd.storage.hdf5), only
+    # the finished episodes (episode_store); the bar is closed before an error reaches the command line,
+    # which prints it as the last line
+    with (episode_store(out, cfg, overwrite, progress) as store,
+          tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar, atomic_file(out) as tmp,
           HDF5Output(tmp) as h5):
         data = h5.file.create_group("data")
         data.attrs["benchmark"] = "mw"
@@ -72,7 +72,6 @@ def generate_demos(cfg: DemoConfig, out: Path, progress: bool = True, overwrite:
             h5.check()
             bar.update(1)
         data.attrs["total"] = steps
-    store.remove()
     wall = time.time() - start
     return {"kept": kept, "dropped": dropped, "steps": steps, "seconds": wall, "steps_per_s": steps / wall}
 
@@ -86,7 +85,7 @@ def measure_expert(cfg: DemoConfig, progress: bool = True, executor=None) -> dic
 
     resolve_tasks(cfg.benchmark, cfg.tasks)
     cfg = replace(cfg, render=False)
-    jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
+    jobs = jobs_of(cfg)
     table = {t: {"episodes": 0, "successes": 0, "steps": 0} for t in cfg.tasks}
     results = (executor or LocalExecutor()).map(episode_work, jobs)
     for _, ep in tqdm(results, total=len(jobs), desc="expert", unit="ep", disable=not progress):

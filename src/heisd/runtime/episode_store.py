@@ -3,7 +3,8 @@ written, so that a killed `heisd demos` (or a DAgger round's rollouts) run again
 settings records only the episodes it had not finished. An episode is a pure function of its task,
 index and settings (`heisd.runtime.recording`), so a resumed recording writes the same files as an
 uninterrupted one. The task list and episode count may change between runs: an episode's data does
-not depend on them.
+not depend on them. A recording that fails or is killed before any episode finished, or that the disk refused, leaves
+nothing.
 """
 
 from __future__ import annotations
@@ -15,20 +16,52 @@ import shutil
 import sys
 import zlib
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from heisd.errors import OutputError
+from heisd.errors import OutputError, WriteError
 from heisd.runtime.recording import DemoConfig, episode_work
 from heisd.storage import write_json
+from heisd.storage.failures import os_error
 
 SUFFIX = ".partial"
 SETTINGS_FILE = "recording.json"
+EPISODE_SUFFIX = ".pkl.z"  # a zlib-compressed pickle of the episode's dict
 PER_EPISODE = ("tasks", "episodes")  # settings an episode's data does not depend on
+
+
+def jobs_of(cfg: DemoConfig) -> list[tuple[str, int, DemoConfig]]:
+    """A recording's jobs for `episode_work`, in the order its files hold them."""
+    return [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
 
 
 def partial_path(out: Path) -> Path:
     return out.parent / (out.name + SUFFIX)
+
+
+@contextmanager
+def episode_store(out: Path, cfg: DemoConfig, overwrite: bool = False,
+                  progress: bool = True) -> Iterator[EpisodeStore]:
+    """The store of `out`'s recording for the block that writes `out`: removed once the block has
+    written it. Kept when the block is killed or fails, if it holds a finished episode; else, or when
+    the system refused a write (a full disk: the store would only hold on to the space), removed with
+    the folders it made. `progress`: say how many episodes are read back."""
+    made = [p for p in (partial_path(Path(out)), *Path(out).parents) if not p.exists()]
+    store = EpisodeStore(out, cfg, overwrite)
+    done = store.finished(jobs_of(cfg))
+    if done and progress:
+        print(f"resuming: {done} of {len(jobs_of(cfg))} episodes were recorded before ({store.dir})", file=sys.stderr)
+    try:
+        yield store
+    except BaseException as e:
+        if isinstance(e, WriteError) or os_error(e) is not None or not store.finished_any():
+            shutil.rmtree(store.dir, ignore_errors=True)
+            for folder in made[1:]:  # innermost first; one the block filled stays
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        raise
+    store.remove()
 
 
 class EpisodeStore:
@@ -61,6 +94,9 @@ class EpisodeStore:
     def finished(self, jobs: Iterable[tuple]) -> int:
         return sum(self._file(job).is_file() for job in jobs)
 
+    def finished_any(self) -> bool:
+        return any(self.dir.glob(f"*{EPISODE_SUFFIX}"))
+
     def episodes(self, jobs: list[tuple], executor) -> Iterator[dict]:
         """Every job's episode in job order: read back when finished before, else recorded (on
         `executor`) and kept here as soon as it arrives."""
@@ -83,13 +119,16 @@ class EpisodeStore:
 
     def _file(self, job: tuple) -> Path:
         task, index = job[:2]
-        return self.dir / f"{task}.{index}.pkl.z"
+        return self.dir / f"{task}.{index}{EPISODE_SUFFIX}"
 
     def _save(self, job: tuple, ep: dict) -> None:
         path = self._file(job)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(zlib.compress(pickle.dumps(ep, protocol=pickle.HIGHEST_PROTOCOL), 1))
-        os.replace(tmp, path)  # a kill mid-write leaves no episode file, only the .tmp
+        try:
+            tmp.write_bytes(zlib.compress(pickle.dumps(ep, protocol=pickle.HIGHEST_PROTOCOL), 1))
+            os.replace(tmp, path)  # a kill mid-write leaves no episode file
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _load(self, job: tuple) -> dict:
         path = self._file(job)
@@ -99,8 +138,3 @@ class EpisodeStore:
             raise OutputError(f"{path}: a finished episode cannot be read back ({e}); remove the file to record "
                               "that episode again") from e
 
-
-def announce_resume(store: EpisodeStore, jobs: list[tuple], progress: bool) -> None:
-    done = store.finished(jobs)
-    if done and progress:
-        print(f"resuming: {done} of {len(jobs)} episodes were recorded before ({store.dir})", file=sys.stderr)

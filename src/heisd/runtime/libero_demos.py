@@ -27,7 +27,7 @@ from heisd import __version__
 from heisd.benchmarks.libero_protocol import rotate_180
 from heisd.data.libero_files import DEMO_SUFFIX
 from heisd.executors import LocalExecutor
-from heisd.runtime.episode_store import EpisodeStore, announce_resume
+from heisd.runtime.episode_store import episode_store, jobs_of
 from heisd.runtime.recording import DEMOS, KEEP_FAILED, VERSION_ATTR, DemoConfig
 from heisd.storage import atomic_files, check_output
 from heisd.storage.hdf5 import HDF5Output
@@ -49,13 +49,12 @@ def generate_libero_demos(cfg: DemoConfig, out: Path, progress: bool = True, ove
         check_output(out / name, DEMOS, overwrite)
     start = time.time()
     kept, dropped, steps = {}, {}, {}  # per task: episodes kept and dropped, steps kept
-    jobs = [(t, i, cfg) for t in cfg.tasks for i in range(cfg.episodes)]
-    store = EpisodeStore(out, cfg, overwrite)
-    announce_resume(store, jobs, progress)
+    jobs = jobs_of(cfg)
     files: dict[str, HDF5Output] = {}
     # the files close (raising a refused write: heisd.storage.hdf5) before they are renamed into
     # place; the bar is closed before an error reaches the command line (its last line)
-    with (tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar,
+    with (episode_store(out, cfg, overwrite, progress) as store,
+          tqdm(total=len(jobs), desc="demos", unit="ep", disable=not progress) as bar,
           atomic_files(out, names) as temps, ExitStack() as closing):
         for ep in store.episodes(jobs, executor or LocalExecutor()):  # in job order: one task's after another
             task = ep["task"]
@@ -72,7 +71,6 @@ def generate_libero_demos(cfg: DemoConfig, out: Path, progress: bool = True, ove
         for task, h5 in files.items():
             h5.file["data"].attrs["num_demos"] = kept.get(task, 0)
             h5.file["data"].attrs["total"] = steps.get(task, 0)
-    store.remove()
     wall = time.time() - start
     total = sum(steps.values())
     return {"kept": sum(kept.values()), "dropped": dropped, "steps": total, "seconds": wall,
