@@ -185,3 +185,57 @@ def test_fine_tuning_keeps_the_checkpoints_statistics_and_tokenizer(tmp_path):
     assert (tmp_path / "tuned" / "tokenizer.json").read_bytes() == (tmp_path / "base" / "tokenizer.json").read_bytes()
     info = json.loads((tmp_path / "tuned" / "train_info.json").read_text())
     assert info["init_from"].endswith("base") and info["fingerprint"] == load_target(tmp_path / "tuned").fingerprint()
+
+
+def test_a_resampled_patch_embedding_sees_a_patch_as_the_old_one_saw_it_resized():
+    import torch.nn.functional as F
+
+    from heisd.targets.openvla.resample import resample_patch_weight, resample_pos_embed
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 3, 28, 28, generator=g, dtype=torch.float64)
+    x = torch.randn(5, 3, 14, 14, generator=g, dtype=torch.float64)
+    new = F.conv2d(x, resample_patch_weight(w, 14), stride=14)
+    old = F.conv2d(F.interpolate(x, size=(28, 28), mode="bilinear", align_corners=False), w, stride=28)
+    torch.testing.assert_close(new, old)
+    pos = torch.randn(1, 4 + 64, 8, generator=g, dtype=torch.float64)  # 4 prefix rows, an 8 x 8 grid
+    assert torch.equal(resample_pos_embed(pos, 4, 8), pos)  # the same grid: unchanged
+    big = resample_pos_embed(pos, 4, 16)
+    assert big.shape == (1, 4 + 256, 8) and torch.equal(big[:, :4], pos[:, :4])
+    with pytest.raises(UsageError, match="square grid"):
+        resample_pos_embed(pos[:, :-1], 4, 16)
+
+
+def test_init_from_at_another_patch_size_keeps_every_other_weight(tmp_path):
+    from heisd.targets.openvla.load import load_openvla
+    from heisd.targets.openvla.resample import resample_patch_weight
+    from heisd.targets.openvla.train import STATIC_FILES, _repatched, patch_size
+
+    paths = _demos(tmp_path)
+    train_openvla(paths, tmp_path / "base", _cfg(2), OpenVLAShape(base="tiny", patch_size=28))
+    base = load_openvla(tmp_path / "base")
+    assert patch_size(base) == 28 and base.vision_backbone.featurizer.spec.num_patches == 64
+    out = tmp_path / "copy"
+    out.mkdir()
+    for name in STATIC_FILES:
+        (out / name).write_bytes((tmp_path / "base" / name).read_bytes())
+    fine = _repatched(base, out, OpenVLAShape(base="tiny", patch_size=14), None)
+    assert patch_size(fine) == 14 and fine.vision_backbone.featurizer.spec.num_patches == 256
+    old, new = base.state_dict(), fine.state_dict()
+    assert set(old) == set(new)
+    for key, value in new.items():
+        if key.endswith("patch_embed.proj.weight"):
+            torch.testing.assert_close(value, resample_patch_weight(old[key], 14))
+        elif not key.endswith("pos_embed"):
+            assert torch.equal(value, old[key]), key
+    train_openvla(paths, tmp_path / "tuned", _cfg(2), OpenVLAShape(base="tiny", patch_size=14),
+                  init_from=tmp_path / "base")
+    tuned = load_target(tmp_path / "tuned")  # the native loader reads the rewritten config.json
+    assert patch_size(tuned) == 14
+    assert all(k["patch_size"] == 14 for k in json.loads((tmp_path / "tuned" / "config.json").read_text())[
+        "timm_model_kwargs"])
+
+
+def test_a_patch_size_must_divide_the_frame():
+    with pytest.raises(UsageError, match="--patch-size must divide"):
+        OpenVLAShape(patch_size=15)

@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--crop-area", type=float, default=0.9,
                       help="openvla: OpenVLA's augmentation, random square crops of this area of the frame resized "
                            "back (1 = off); its LIBERO eval center-crops the same area unless --no-center-crop")
+    size.add_argument("--patch-size", type=int, default=None,
+                      help="openvla: ViT patch size in pixels of the 224 px frame (default: the small shape's 28, "
+                           "64 image tokens; OpenVLA-7B's 14 gives 256). Also with --init-from: the checkpoint's "
+                           "patch and position embeddings are resampled to it (FlexiViT), every other weight kept")
     size.add_argument("--noop-threshold", type=float, default=0.1,
                       help="openvla: leave out steps that move less than this in every dimension with the gripper "
                            "unchanged and the fingers at rest, as OpenVLA's LIBERO data leaves out no-op steps (0 "
@@ -109,7 +113,7 @@ def _train_openvla(args: argparse.Namespace, cfg, device: str) -> dict:
         raise UsageError("--shift-pad is heisd's small VLA's augmentation; --arch openvla trains with OpenVLA's random "
                          "crops (--crop-area)")
     shape = OpenVLAShape(hidden_size=args.hidden_size, layers=args.layers, crop_area=args.crop_area,
-                         noop_threshold=args.noop_threshold)
+                         noop_threshold=args.noop_threshold, patch_size=args.patch_size)
     return train_openvla(list(args.demos), args.out, cfg, shape, resume=args.resume, overwrite=args.overwrite,
                          skip_invalid=args.skip_invalid_episodes, device=device,
                          workers=args.threads if args.workers is None else args.workers, init_from=args.init_from)

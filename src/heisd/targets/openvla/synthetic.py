@@ -34,8 +34,8 @@ SHAPES: dict[str, dict[str, Any]] = {
                                    {"embed_dim": 48, "depth": 3, "num_heads": 2}],
              "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                              "num_attention_heads": 4, "num_key_value_heads": 4}},
-    # a target this CPU can train (`train-vla --arch openvla`): 256 patches as the real model, ViTs 64 wide
-    # with 2 blocks run, a 4-layer Llama 128 wide
+    # a target this CPU can train (`train-vla --arch openvla`): 64 patches of 28 px (the real model: 256 of 14,
+    # `--patch-size 14`), ViTs 64 wide with 2 blocks run, a 4-layer Llama 128 wide
     "small": {"timm_model_kwargs": [{"embed_dim": 64, "depth": 3, "num_heads": 2, "patch_size": 28},
                                     {"embed_dim": 64, "depth": 3, "num_heads": 2, "patch_size": 28}],
               "text_config": {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4,

@@ -34,8 +34,9 @@ from heisd.storage.guard import has_file, json_with
 from heisd.targets.openvla.config import CONFIG_FILE, PREPROCESSOR_FILE, OpenVLAConfig
 from heisd.targets.openvla.load import ATTENTION, file_shapes, finish, load_openvla, read_parts
 from heisd.targets.openvla.model import OpenVLA
+from heisd.targets.openvla.resample import resampled_state
 from heisd.targets.openvla.standin_tokenizer import save_standin_tokenizer
-from heisd.targets.openvla.synthetic import SHAPES, config_dict, preprocessor_dict, random_tensors
+from heisd.targets.openvla.synthetic import IMAGE_SIZE, SHAPES, config_dict, preprocessor_dict, random_tensors
 from heisd.targets.openvla.tiny import save_sharded
 from heisd.targets.openvla.weights import to_file_key
 from heisd.targets.vla.frames import Frames, chunk_targets, episode_rows, left_padded
@@ -60,10 +61,20 @@ class OpenVLAShape:
     layers: int | None = None  # Llama decoder layers; None = the base shape's
     crop_area: float = 0.9  # OpenVLA's random-crop augmentation (its LIBERO eval center-crops this area); 1 = off
     noop_threshold: float = 0.1  # drop steps moving less than this in every dimension, gripper and fingers at rest
+    patch_size: int | None = None  # ViT patch size in pixels; None = the base shape's (or the --init-from's)
 
     def __post_init__(self) -> None:
         if not 0 < self.crop_area <= 1:
             raise UsageError(f"--crop-area must be in (0, 1], got {self.crop_area}")
+        if self.patch_size is not None and not (0 < self.patch_size <= IMAGE_SIZE and IMAGE_SIZE % self.patch_size == 0):
+            raise UsageError(f"--patch-size must divide the {IMAGE_SIZE} px frame, got {self.patch_size}")
+
+    def repatch(self, config: dict) -> dict:
+        """`config` with both towers at this shape's patch size (unchanged without one)."""
+        if self.patch_size is not None:
+            for kwargs in config["timm_model_kwargs"]:
+                kwargs["patch_size"] = self.patch_size
+        return config
 
     def config(self, norm_stats: dict) -> dict:
         if self.base not in SHAPES:
@@ -75,7 +86,7 @@ class OpenVLAShape:
         if self.layers is not None:
             text["num_hidden_layers"] = self.layers
         config["norm_stats"] = copy.deepcopy(norm_stats)
-        return config
+        return self.repatch(config)
 
 
 def action_statistics(labels: np.ndarray, n_episodes: int) -> dict:
@@ -190,6 +201,23 @@ def new_model(out: Path, config: dict, seed: int) -> OpenVLA:
     return finish(model, torch.device("cpu"))
 
 
+def patch_size(model: OpenVLA) -> int:
+    return model.vision_backbone.featurizer.spec.patch_size
+
+
+def _repatched(trained: OpenVLA, out: Path, shape: OpenVLAShape, key: str | None) -> OpenVLA:
+    """`trained` at `shape.patch_size` (`heisd.targets.openvla.resample`): out's config.json rewritten,
+    the model built from it, every weight carried over, the patch-grid ones resampled."""
+    config = shape.repatch(json.loads((out / CONFIG_FILE).read_text()))
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    model = OpenVLA(read_parts(out, unnorm_key=key, weights=(WEIGHTS_FILE,)), ATTENTION)
+    state = trained.state_dict()
+    vision = resampled_state(model.vision_backbone, trained.vision_backbone.state_dict())
+    state.update({f"vision_backbone.{k}": v for k, v in vision.items()})
+    model.load_state_dict(state)
+    return finish(model, torch.device("cpu"))
+
+
 def _stats_key(directory: Path, suite_key: str) -> str | None:
     """The statistics a fine-tuned checkpoint tokenizes its labels with: its only set, else the data's suite
     (`<suite>` or `<suite>_no_noops`, as OpenVLA-7B holds one set per dataset)."""
@@ -233,6 +261,8 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
                 shutil.copyfile(Path(init_from) / static, out / static)
             key = _stats_key(Path(init_from), name)
             model = load_openvla(init_from, unnorm_key=key)
+            if shape.patch_size not in (None, patch_size(model)):
+                model = _repatched(model, out, shape, key)
             model.parts = read_parts(out, unnorm_key=key, weights=(WEIGHTS_FILE,))  # the run's own files
         else:
             run_cfg = cfg
