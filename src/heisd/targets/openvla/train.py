@@ -66,7 +66,8 @@ class OpenVLAShape:
     def __post_init__(self) -> None:
         if not 0 < self.crop_area <= 1:
             raise UsageError(f"--crop-area must be in (0, 1], got {self.crop_area}")
-        if self.patch_size is not None and not (0 < self.patch_size <= IMAGE_SIZE and IMAGE_SIZE % self.patch_size == 0):
+        if self.patch_size is not None and not (0 < self.patch_size <= IMAGE_SIZE
+                                                and IMAGE_SIZE % self.patch_size == 0):
             raise UsageError(f"--patch-size must divide the {IMAGE_SIZE} px frame, got {self.patch_size}")
 
     def repatch(self, config: dict) -> dict:
