@@ -34,11 +34,12 @@ def _episode(success: bool, steps: int = 5) -> dict:
 
 def _record(tmp_path: Path, cfg: DemoConfig, successes: list[bool], monkeypatch) -> Path:
     """The real LIBERO writer over episodes made up here (the simulator's part is tested elsewhere)."""
-    from heisd.runtime import libero_demos
+    from heisd.runtime import episode_store, libero_demos
 
-    monkeypatch.setattr(libero_demos, "episode_work", lambda state, job: _episode(successes[job[1]]))
-    libero_demos.generate_libero_demos(cfg, tmp_path, progress=False)
-    return tmp_path / f"{TASK}_demo.hdf5"
+    monkeypatch.setattr(episode_store, "episode_work", lambda state, job: _episode(successes[job[1]]))
+    libero_demos.generate_libero_demos(cfg, tmp_path / "demos", progress=False)
+    assert not (tmp_path / "demos.partial").exists()  # the finished episodes go once the files are written
+    return tmp_path / "demos" / f"{TASK}_demo.hdf5"
 
 
 def test_dagger_rollouts_keep_failed_episodes_marked_in_libero_layout(tmp_path, monkeypatch):
