@@ -3,8 +3,8 @@ written, so that a killed `heisd demos` (or a DAgger round's rollouts) run again
 settings records only the episodes it had not finished. An episode is a pure function of its task,
 index and settings (`heisd.runtime.recording`), so a resumed recording writes the same files as an
 uninterrupted one. The task list and episode count may change between runs: an episode's data does
-not depend on them. A recording that fails or is killed before any episode finished, or that the disk refused, leaves
-nothing.
+not depend on them. A recording that fails or is killed before any episode finished, or that the
+disk refused, leaves nothing.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ def episode_store(out: Path, cfg: DemoConfig, overwrite: bool = False,
     the system refused a write (a full disk: the store would only hold on to the space), removed with
     the folders it made. `progress`: say how many episodes are read back."""
     made = [p for p in (partial_path(Path(out)), *Path(out).parents) if not p.exists()]
-    store = EpisodeStore(out, cfg, overwrite)
-    done = store.finished(jobs_of(cfg))
+    store, jobs = EpisodeStore(out, cfg, overwrite), jobs_of(cfg)
+    done = store.finished(jobs)
     if done and progress:
-        print(f"resuming: {done} of {len(jobs_of(cfg))} episodes were recorded before ({store.dir})", file=sys.stderr)
+        print(f"resuming: {done} of {len(jobs)} episodes were recorded before ({store.dir})", file=sys.stderr)
     try:
         yield store
     except BaseException as e:
