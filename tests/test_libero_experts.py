@@ -1,5 +1,6 @@
-"""LIBERO-Object scripted experts (the pick-and-place skill): the phase machine and grasp yaw on synthetic poses, DART noise,
-fresh demo layouts disjoint from the evaluation's init states, and one recorded episode read back."""
+"""LIBERO scripted experts (the pick-and-place skill): the phase machine, grasp point, yaw and approach on
+synthetic poses, DART noise, object boxes from the meshes, fresh demo layouts disjoint from the evaluation's
+init states, and one recorded episode read back."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 from conftest import LIBERO_TASK
 
 from heisd.benchmarks.libero_experts import check_expert_suite
-from heisd.benchmarks.libero_skills import ExpertConfig, Phase, PickPlace, Scene, choose_yaw, hand_clearance
+from heisd.benchmarks.libero_skills import (
+    ExpertConfig, Phase, PickPlace, Scene, approach_height, choose_grasp, choose_yaw, hand_clearance,
+)
 from heisd.errors import UsageError
 from heisd.runtime.recording import dart_action
 
@@ -90,26 +93,55 @@ def test_grasp_point_floor_and_finger_reach():
     assert expert.grasp_point(flat)[2] == pytest.approx(CFG.floor_clearance)
     tall = _scene([0, 0, 0.2], [0.0, 0.0, 0.073], height=0.146)  # salad dressing
     assert expert.grasp_point(tall)[2] == pytest.approx(0.146 - CFG.finger_reach)
+    # a moka pot: 8.1 cm across, wider than the open fingers take, narrower than a wall grasp needs
+    pot = _scene([0, 0, 0.3], [0.0, 0.0, 0.077], height=0.154, half=(0.0405, 0.076))
+    assert expert.grasp_point(pot)[2] == pytest.approx(0.154 - CFG.top_depth)  # its lid's knob
 
 
 def test_choose_yaw_turns_the_hand_away_from_a_neighbour():
     grasp = np.array([0.053, -0.103, 0.012])  # cream cheese, 8.3 x 4.3 cm, flat on the floor
     half = np.array([0.0415, 0.0215])
-    assert choose_yaw(grasp, half, np.zeros((0, 4)), CFG) == 0.0
+    assert choose_yaw(grasp, half, np.zeros((0, 4)), CFG)[0] == 0.0
     short = np.array([[0.10, -0.20, 0.04, 0.02]])  # a neighbour lower than the hand's body: ignored
-    assert choose_yaw(grasp, half, short, CFG) == 0.0
+    assert choose_yaw(grasp, half, short, CFG)[0] == 0.0
     tomato = np.array([[0.10, -0.20, 0.03, 0.081]])  # a can where the hand's end would be
     assert hand_clearance(0.0, grasp, tomato, CFG) < 0
-    yaw = choose_yaw(grasp, half, tomato, CFG)
-    assert yaw < 0 and hand_clearance(yaw, grasp, tomato, CFG) >= CFG.clearance  # turned away from the can
+    yaw, gap = choose_yaw(grasp, half, tomato, CFG)
+    assert yaw < 0 and gap == hand_clearance(yaw, grasp, tomato, CFG) >= CFG.clearance  # turned away from the can
     step = CFG.max_yaw / 16
     assert hand_clearance(yaw + step, grasp, tomato, CFG) < CFG.clearance  # the smallest turn that clears
     span = 2 * (half[0] * abs(np.sin(yaw)) + half[1] * abs(np.cos(yaw)))
     assert span <= CFG.opening  # the turned fingers still take the box
     wide = np.array([[0.10, -0.20, 0.06, 0.081]])  # no turn the box allows clears it: the most clearance
-    best = choose_yaw(grasp, half, wide, CFG)
+    best, best_gap = choose_yaw(grasp, half, wide, CFG)
     assert hand_clearance(best, grasp, wide, CFG) > hand_clearance(0.0, grasp, wide, CFG)
-    assert hand_clearance(best, grasp, wide, CFG) < CFG.clearance
+    assert best_gap == hand_clearance(best, grasp, wide, CFG) < CFG.clearance
+
+
+def test_choose_grasp_slides_along_a_long_box_when_the_centre_is_blocked():
+    half = np.array([0.0415, 0.0215])  # cream cheese, long side along x
+    centre = np.array([0.0, 0.0, 0.012])
+    cartons = np.array([[-0.03, 0.12, 0.015, 0.15], [-0.03, -0.12, 0.015, 0.15]])  # beyond both ends of the hand
+    yaws = [y for y in np.arange(-16, 17) * CFG.max_yaw / 16
+            if 2 * (half[0] * abs(np.sin(y)) + half[1] * abs(np.cos(y))) <= CFG.opening]
+    assert max(hand_clearance(y, centre, cartons, CFG) for y in yaws) < CFG.clearance  # no turn clears at the centre
+    grasp, yaw = choose_grasp(centre, half, cartons, CFG)
+    assert hand_clearance(yaw, grasp, cartons, CFG) >= CFG.clearance
+    assert grasp[0] > 0 and abs(grasp[0]) <= half[0] - CFG.pad_margin + 1e-9  # away from them, pads on the box
+    assert grasp[1] == 0.0 and grasp[2] == centre[2]
+    assert np.array_equal(choose_grasp(centre, half, np.zeros((0, 4)), CFG)[0], centre)  # unblocked: the centre
+    can = np.array([0.033, 0.033])  # round: an off-centre grasp would close on a chord, so never
+    assert np.array_equal(choose_grasp(centre, can, cartons, CFG)[0], centre)
+
+
+def test_approach_comes_in_above_tall_neighbours():
+    grasp = np.array([0.0, 0.0, 0.012])
+    alone = _scene([0, 0, 0.3], [0.0, 0.0, 0.009], height=0.018)
+    assert approach_height(alone, grasp, CFG) == pytest.approx(0.018 + CFG.hover)
+    carton = _scene([0, 0, 0.3], [0.0, 0.0, 0.009], height=0.018, obstacles=np.array([[0.08, 0.0, 0.03, 0.145]]))
+    assert approach_height(carton, grasp, CFG) == pytest.approx(0.145 - CFG.hand_bottom + CFG.clearance)
+    far = _scene([0, 0, 0.3], [0.0, 0.0, 0.009], height=0.018, obstacles=np.array([[0.30, 0.0, 0.03, 0.145]]))
+    assert approach_height(far, grasp, CFG) == pytest.approx(0.018 + CFG.hover)
 
 
 def test_expert_turns_to_the_chosen_yaw_before_descending():
@@ -148,6 +180,23 @@ def _object_xy(env, state: np.ndarray) -> np.ndarray:
     sim.forward()
     return np.array([sim.data.body_xpos[sim.model.body_name2id(o.root_body)][:2]
                      for o in env.simulator.objects_dict.values()])
+
+
+def test_object_boxes_are_their_meshes_not_the_meshes_local_boxes(libero_env):
+    """The soup can's mesh sits rotated in its geom frame, so its local box, rotated into the world, is
+    8.4 x 8.9 cm; the can is 6.6 cm across. The box is taken from the vertices."""
+    from heisd.benchmarks.libero_experts import SimReader
+
+    reader = SimReader(libero_env.simulator)
+    lo, hi = reader.box("alphabet_soup_1")
+    assert np.all(hi[:2] - lo[:2] < 0.072) and 0.08 < hi[2] - lo[2] < 0.09
+    sim = libero_env.simulator.sim
+    for name, g in reader.geoms.items():  # every box inside the loose one (the local boxes, rotated)
+        rot = sim.data.geom_xmat[g].reshape(-1, 3, 3)
+        centre = sim.data.geom_xpos[g] + np.einsum("nij,nj->ni", rot, sim.model.geom_aabb[g, :3])
+        half = np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[g, 3:])
+        lo, hi = reader.box(name)
+        assert np.all((centre - half).min(0) <= lo + 1e-9) and np.all(hi <= (centre + half).max(0) + 1e-9)
 
 
 def test_demo_layouts_are_disjoint_from_eval_init_states(libero_env):

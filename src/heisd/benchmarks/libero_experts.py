@@ -42,6 +42,10 @@ def check_expert_suite(suite: str) -> None:
                          "datastores from LIBERO's own datasets (build-datastore --demos <task>_demo.hdf5)")
 
 
+MESH_GEOM = 7  # mujoco.mjtGeom.mjGEOM_MESH
+CUBE = np.array([[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], dtype=float)
+
+
 class SimReader:
     """Reads one LIBERO task's simulator: objects' world boxes, sites, the hand's yaw, goal predicates."""
 
@@ -51,6 +55,16 @@ class SimReader:
         self.geoms = {}  # object name -> its geoms
         for name, obj in robosuite_env.objects_dict.items():
             self.geoms[name] = np.flatnonzero(sim.model.geom_bodyid == sim.model.body_name2id(obj.root_body))
+        model = sim.model
+        self._corners = {}  # geom -> its points in the geom frame: a mesh's vertices, else its box corners
+        for g in np.concatenate(list(self.geoms.values())):
+            if model.geom_type[g] == MESH_GEOM:
+                mesh = model.geom_dataid[g]
+                start = model.mesh_vertadr[mesh]
+                self._corners[g] = np.array(model.mesh_vert[start:start + model.mesh_vertnum[mesh]])
+            else:
+                c, h = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
+                self._corners[g] = c + h * CUBE
         self._fingers = [sim.model.body_name2id(f"gripper0_{side}finger") for side in ("left", "right")]
         self.floor = min(self.box(name)[0][2] for name in self.geoms)  # every scene has objects on its table
         fixtures = {sim.model.body_name2id(f.root_body) for f in robosuite_env.fixtures_dict.values()}
@@ -59,13 +73,16 @@ class SimReader:
                                              & (sim.model.geom_contype > 0))
 
     def box(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """World-frame bounding box of an object's geoms (their local boxes rotated by the geom frames)."""
-        sim, geoms = self.env.sim, self.geoms[name]
-        rot = sim.data.geom_xmat[geoms].reshape(-1, 3, 3)
-        box = sim.model.geom_aabb[geoms]
-        centre = sim.data.geom_xpos[geoms] + np.einsum("nij,nj->ni", rot, box[:, :3])
-        half = np.einsum("nij,nj->ni", np.abs(rot), box[:, 3:])
-        return (centre - half).min(0), (centre + half).max(0)
+        """World-frame bounding box of an object's geoms: a mesh's own vertices, a primitive's local box
+        rotated by its frame (a rotated mesh's local box overstates it: the black bowl's by 40%)."""
+        sim = self.env.sim
+        points = []
+        for g in self.geoms[name]:
+            rot = sim.data.geom_xmat[g].reshape(3, 3)
+            corners = self._corners[g]
+            points.append(sim.data.geom_xpos[g] + corners @ rot.T)
+        points = np.concatenate(points)
+        return points.min(0), points.max(0)
 
     def body(self, name: str) -> np.ndarray:
         return self.env.sim.data.body_xpos[self.env.obj_body_id[name]].copy()

@@ -35,6 +35,7 @@ class ExpertConfig:
     carry_clear: float = 0.04  # ... and at least this far above the release height, m
     grasp_depth: float = 0.5  # grasp point height as a fraction of the object's height above its bottom
     finger_reach: float = 0.03  # deepest grasp below the object's top: the palm sits ~4.5 cm above the tips, m
+    top_depth: float = 0.005  # grasp depth below the top of an object too wide for the fingers (a moka pot), m
     rim_width: float = 0.085  # narrowest footprint grasped by its wall, m (the Panda opens 8 cm; cans are 7)
     rim_inset: float = 0.012  # a bowl's wall centre inside its outer edge, m
     floor_clearance: float = 0.012  # lowest end-effector height above the floor: the finger tips stay off it, m
@@ -50,6 +51,9 @@ class ExpertConfig:
     hand_half_width: float = 0.035  # ... across it, m
     hand_bottom: float = 0.03  # height of the hand's body (not the fingers) above the end effector, m
     clearance: float = 0.01  # wanted gap between the hand and any neighbouring object, m
+    long_box: float = 0.01  # half length minus half width above which a box may be grasped off its centre, m
+    pad_margin: float = 0.015  # an off-centre grasp keeps the finger pads this far inside the box's ends, m
+    grasp_shifts: int = 4  # off-centre grasp points tried on each side of the centre
     retreat_steps: int = 15  # steps a finished skill backs off before the next one starts
 
 
@@ -113,9 +117,10 @@ def hand_clearance(yaw: float, grasp: np.ndarray, obstacles: np.ndarray, c: Expe
     return float((outside + inside - tall[:, 2]).min())
 
 
-def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray, c: ExpertConfig) -> float:
-    """The grasp yaw closest to 0 whose finger span takes the object and whose hand clears the
-    neighbours by `clearance`; if none does, the one with the most clearance."""
+def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray,
+               c: ExpertConfig) -> tuple[float, float]:
+    """(yaw, clearance): the grasp yaw closest to 0 whose finger span takes the object and whose hand
+    clears the neighbours by `clearance`; if none does, the one with the most clearance."""
     best, best_gap = 0.0, -np.inf
     for yaw in sorted(np.arange(-16, 17) * c.max_yaw / 16, key=abs):  # 0 first, then ever larger turns
         span = 2 * (object_half[0] * abs(np.sin(yaw)) + object_half[1] * abs(np.cos(yaw)))
@@ -123,10 +128,40 @@ def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray
             continue
         gap = hand_clearance(yaw, grasp, obstacles, c)
         if gap >= c.clearance:
-            return float(yaw)
+            return float(yaw), gap
         if gap > best_gap:
             best, best_gap = float(yaw), gap
-    return best
+    return best, best_gap
+
+
+def choose_grasp(centre: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray,
+                 c: ExpertConfig) -> tuple[np.ndarray, float]:
+    """(grasp point, yaw): the centre at `choose_yaw`'s yaw; if that hand meets a neighbour and the object
+    is a long box (cream cheese among bottles), points along its long side, nearest the centre first,
+    keeping the finger pads `pad_margin` inside its ends; else the one with the most clearance."""
+    long_axis = int(np.argmax(object_half))
+    reach = object_half[long_axis] - c.pad_margin
+    shifts = [0.0]
+    if object_half[long_axis] - object_half[1 - long_axis] > c.long_box and reach > 0:
+        shifts += sorted(np.linspace(-reach, reach, 2 * c.grasp_shifts + 1), key=abs)[1:]
+    best = (centre, 0.0, -np.inf)
+    for shift in shifts:
+        grasp = centre.copy()
+        grasp[long_axis] += shift
+        yaw, gap = choose_yaw(grasp, object_half, obstacles, c)
+        if gap >= c.clearance:
+            return grasp, yaw
+        if gap > best[2]:
+            best = (grasp, yaw, gap)
+    return best[0], best[1]
+
+
+def approach_height(s: Scene, grasp: np.ndarray, c: ExpertConfig) -> float:
+    """End-effector height over the grasp before the descent: `hover` above the object, and the hand's body
+    above every neighbour within its reach there (coming in lower, it knocks a tall carton over)."""
+    near = s.obstacles[np.hypot(*(s.obstacles[:, :2] - grasp[:2]).T) < c.hand_half_length + s.obstacles[:, 2]]
+    tops = near[:, 3] - c.hand_bottom + c.clearance
+    return float(np.max(tops, initial=s.object_top + c.hover))
 
 
 def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
@@ -176,8 +211,10 @@ class PickPlace:
         if is_rim_grasp(s.object_half, c):
             return choose_rim(s, c)
         z = max(s.object_bottom + c.grasp_depth * (s.object_top - s.object_bottom), s.object_top - c.finger_reach)
+        if 2 * s.object_half.min() > c.opening:  # the body does not fit the open fingers: take its top (a lid's knob)
+            z = s.object_top - c.top_depth
         grasp = np.array([s.object_center[0], s.object_center[1], max(z, s.floor + c.floor_clearance)])
-        return grasp, choose_yaw(grasp, s.object_half, s.obstacles, c)
+        return choose_grasp(grasp, s.object_half, s.obstacles, c)
 
     def _held(self, s: Scene) -> bool:
         """The object moves with the hand: its centre stays where it was relative to the end effector."""
@@ -231,7 +268,7 @@ class PickPlace:
     def _target(self, s: Scene) -> np.ndarray:
         c = self.config
         if self.phase is Phase.ABOVE:
-            return self._grasp + np.array([0.0, 0.0, s.object_top + c.hover - self._grasp[2]])
+            return np.array([self._grasp[0], self._grasp[1], approach_height(s, self._grasp, c)])
         if self.phase in (Phase.DESCEND, Phase.CLOSE):
             return self._grasp
         if self.phase is Phase.LIFT:
