@@ -185,18 +185,42 @@ def _object_xy(env, state: np.ndarray) -> np.ndarray:
 def test_object_boxes_are_their_meshes_not_the_meshes_local_boxes(libero_env):
     """The soup can's mesh sits rotated in its geom frame, so its local box, rotated into the world, is
     8.4 x 8.9 cm; the can is 6.6 cm across. The box is taken from the vertices."""
-    from heisd.benchmarks.libero_experts import SimReader
+    from heisd.benchmarks.libero_experts import SimReader, geom_boxes
 
     reader = SimReader(libero_env.simulator)
     lo, hi = reader.box("alphabet_soup_1")
     assert np.all(hi[:2] - lo[:2] < 0.072) and 0.08 < hi[2] - lo[2] < 0.09
     sim = libero_env.simulator.sim
     for name, g in reader.geoms.items():  # every box inside the loose one (the local boxes, rotated)
-        rot = sim.data.geom_xmat[g].reshape(-1, 3, 3)
-        centre = sim.data.geom_xpos[g] + np.einsum("nij,nj->ni", rot, sim.model.geom_aabb[g, :3])
-        half = np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[g, 3:])
+        centre, half = geom_boxes(sim, g)
         lo, hi = reader.box(name)
         assert np.all((centre - half).min(0) <= lo + 1e-9) and np.all(hi <= (centre + half).max(0) + 1e-9)
+
+
+def test_object_box_follows_a_turned_object_exactly(libero_env):
+    """The box comes from hull points kept in the body frame; turned and moved, it stays the box of every
+    mesh vertex placed by the geoms' own world frames."""
+    from heisd.benchmarks.libero_experts import CUBE, MESH_GEOM, SimReader
+
+    sim = libero_env.simulator.sim
+    reader = SimReader(libero_env.simulator)
+    name, saved = "alphabet_soup_1", sim.get_state().flatten()
+    qpos = sim.model.jnt_qposadr[sim.model.body_jntadr[sim.model.geom_bodyid[reader.geoms[name][0]]]]
+    sim.data.qpos[qpos:qpos + 7] = [0.1, 0.2, 0.95, np.cos(0.6), np.sin(0.6) * 0.6, 0.0, np.sin(0.6) * 0.8]
+    sim.forward()
+    model, points = sim.model, []
+    for g in reader.geoms[name]:
+        mesh = model.geom_dataid[g]
+        vert = model.mesh_vert[model.mesh_vertadr[mesh]:model.mesh_vertadr[mesh] + model.mesh_vertnum[mesh]] \
+            if model.geom_type[g] == MESH_GEOM else model.geom_aabb[g, :3] + model.geom_aabb[g, 3:] * CUBE
+        points.append(sim.data.geom_xpos[g] + vert @ sim.data.geom_xmat[g].reshape(3, 3).T)
+    points = np.concatenate(points)
+    lo, hi = reader.box(name)
+    sim.set_state_from_flattened(saved)  # the simulator is the session's
+    sim.forward()
+    np.testing.assert_allclose(lo, points.min(0), atol=1e-9)
+    np.testing.assert_allclose(hi, points.max(0), atol=1e-9)
+    assert len(reader._hull[name]) < len(points)  # the hull, not every vertex
 
 
 def test_demo_layouts_are_disjoint_from_eval_init_states(libero_env):

@@ -10,6 +10,7 @@ BENCHMARKS.md sections 7 (LIBERO-Object) and 12 (the other suites) for what each
 from __future__ import annotations
 
 import numpy as np
+from scipy.spatial import ConvexHull
 
 from heisd.benchmarks.libero_plan import Step, plan
 from heisd.benchmarks.libero_protocol import SUITES
@@ -46,6 +47,13 @@ MESH_GEOM = 7  # mujoco.mjtGeom.mjGEOM_MESH
 CUBE = np.array([[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], dtype=float)
 
 
+def geom_boxes(sim, geoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """World boxes (centre, half size) of geoms' local boxes, rotated by their frames."""
+    rot = sim.data.geom_xmat[geoms].reshape(-1, 3, 3)
+    centre = sim.data.geom_xpos[geoms] + np.einsum("nij,nj->ni", rot, sim.model.geom_aabb[geoms, :3])
+    return centre, np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[geoms, 3:])
+
+
 class SimReader:
     """Reads one LIBERO task's simulator: objects' world boxes, sites, the hand's yaw, goal predicates."""
 
@@ -55,16 +63,7 @@ class SimReader:
         self.geoms = {}  # object name -> its geoms
         for name, obj in robosuite_env.objects_dict.items():
             self.geoms[name] = np.flatnonzero(sim.model.geom_bodyid == sim.model.body_name2id(obj.root_body))
-        model = sim.model
-        self._corners = {}  # geom -> its points in the geom frame: a mesh's vertices, else its box corners
-        for g in np.concatenate(list(self.geoms.values())):
-            if model.geom_type[g] == MESH_GEOM:
-                mesh = model.geom_dataid[g]
-                start = model.mesh_vertadr[mesh]
-                self._corners[g] = np.array(model.mesh_vert[start:start + model.mesh_vertnum[mesh]])
-            else:
-                c, h = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
-                self._corners[g] = c + h * CUBE
+        self._hull = {name: self._body_hull(name) for name in self.geoms}
         self._fingers = [sim.model.body_name2id(f"gripper0_{side}finger") for side in ("left", "right")]
         self.floor = min(self.box(name)[0][2] for name in self.geoms)  # every scene has objects on its table
         fixtures = {sim.model.body_name2id(f.root_body) for f in robosuite_env.fixtures_dict.values()}
@@ -72,16 +71,30 @@ class SimReader:
         self._fixture_geoms = np.flatnonzero(np.isin(root[sim.model.geom_bodyid], list(fixtures))
                                              & (sim.model.geom_contype > 0))
 
+    def _body_hull(self, name: str) -> np.ndarray:
+        """An object's convex-hull points in its root body's frame: a mesh's own vertices, a primitive's
+        box corners. All its geoms sit on that body, so the hull moves rigidly with it, and the world box
+        of the hull is the world box of every point (a point set's box is its hull's box)."""
+        sim, model = self.env.sim, self.env.sim.model
+        points = []
+        for g in self.geoms[name]:
+            if model.geom_type[g] == MESH_GEOM:
+                mesh = model.geom_dataid[g]
+                start = model.mesh_vertadr[mesh]
+                local = np.array(model.mesh_vert[start:start + model.mesh_vertnum[mesh]])
+            else:
+                local = model.geom_aabb[g, :3] + model.geom_aabb[g, 3:] * CUBE
+            points.append(sim.data.geom_xpos[g] + local @ sim.data.geom_xmat[g].reshape(3, 3).T)
+        body = model.geom_bodyid[self.geoms[name][0]]
+        points = (np.concatenate(points) - sim.data.body_xpos[body]) @ sim.data.body_xmat[body].reshape(3, 3)
+        return points[ConvexHull(points).vertices]
+
     def box(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """World-frame bounding box of an object's geoms: a mesh's own vertices, a primitive's local box
         rotated by its frame (a rotated mesh's local box overstates it: the black bowl's by 40%)."""
-        sim = self.env.sim
-        points = []
-        for g in self.geoms[name]:
-            rot = sim.data.geom_xmat[g].reshape(3, 3)
-            corners = self._corners[g]
-            points.append(sim.data.geom_xpos[g] + corners @ rot.T)
-        points = np.concatenate(points)
+        data = self.env.sim.data
+        body = self.env.sim.model.geom_bodyid[self.geoms[name][0]]
+        points = data.body_xpos[body] + self._hull[name] @ data.body_xmat[body].reshape(3, 3).T
         return points.min(0), points.max(0)
 
     def body(self, name: str) -> np.ndarray:
@@ -104,10 +117,8 @@ class SimReader:
             if name not in skip:
                 lo, hi = self.box(name)
                 rows.append([*(lo[:2] + hi[:2]) / 2, np.linalg.norm(hi[:2] - lo[:2]) / 2, hi[2]])
-        sim, g = self.env.sim, self._fixture_geoms
-        rot = sim.data.geom_xmat[g].reshape(-1, 3, 3)
-        centre = sim.data.geom_xpos[g] + np.einsum("nij,nj->ni", rot, sim.model.geom_aabb[g, :3])
-        half = np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[g, 3:])
+        g = self._fixture_geoms
+        centre, half = geom_boxes(self.env.sim, g)
         for dx, dy in ((0, 0), (1, 1), (1, -1), (-1, 1), (-1, -1)):
             pts = centre[:, :2] + half[:, :2] * (dx, dy)
             rows.extend(np.column_stack([pts, np.zeros(len(g)), centre[:, 2] + half[:, 2]]).tolist())
@@ -117,10 +128,8 @@ class SimReader:
         """The xy boxes (lo_x, lo_y, hi_x, hi_y) of every object but `skip` and every colliding part of
         the fixtures that reach higher than `above` (the table's own top does not)."""
         rows = [[*lo[:2], *hi[:2]] for lo, hi in (self.box(n) for n in self.geoms if n not in skip) if hi[2] > above]
-        sim, g = self.env.sim, self._fixture_geoms
-        rot = sim.data.geom_xmat[g].reshape(-1, 3, 3)
-        centre = sim.data.geom_xpos[g] + np.einsum("nij,nj->ni", rot, sim.model.geom_aabb[g, :3])
-        half = np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[g, 3:])
+        g = self._fixture_geoms
+        centre, half = geom_boxes(self.env.sim, g)
         tall = centre[:, 2] + half[:, 2] > above
         rows.extend(np.column_stack([centre[tall, :2] - half[tall, :2], centre[tall, :2] + half[tall, :2]]).tolist())
         return np.array(rows).reshape(-1, 4)
@@ -142,9 +151,7 @@ class SimReader:
         """World box of the colliding geom reaching highest on a joint's body (a knob's grip)."""
         sim, model = self.env.sim, self.env.sim.model
         geoms = np.flatnonzero((model.geom_bodyid == model.jnt_bodyid[joint]) & (model.geom_contype > 0))
-        rot = sim.data.geom_xmat[geoms].reshape(-1, 3, 3)
-        centre = sim.data.geom_xpos[geoms] + np.einsum("nij,nj->ni", rot, model.geom_aabb[geoms, :3])
-        half = np.einsum("nij,nj->ni", np.abs(rot), model.geom_aabb[geoms, 3:])
+        centre, half = geom_boxes(sim, geoms)
         top = int(np.argmax(centre[:, 2] + half[:, 2]))
         return centre[top] - half[top], centre[top] + half[top]
 
