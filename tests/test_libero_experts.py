@@ -87,6 +87,21 @@ def test_expert_phases_on_synthetic_poses():
     assert expert.phase is Phase.ABOVE and a[-1] == -1.0
 
 
+def test_descent_held_short_of_the_grasp_closes_where_it_stands():
+    """A bowl's far rim under the hand's body stops it 1.4 cm above a wall grasp: after `stall_steps` there the
+    fingers close; farther off (2.5 cm), the hand keeps descending."""
+    obj = np.array([0.05, -0.10, 0.04])
+    for short, closes in ((0.014, True), (0.025, False)):
+        expert = PickPlace()
+        expert.act(_scene([0.05, -0.10, 0.08 + CFG.hover], obj))
+        expert.act(_scene([0.05, -0.10, 0.08 + CFG.hover], obj))
+        assert expert.phase is Phase.DESCEND
+        held = [0.05, -0.10, expert.grasp_point(_scene([0, 0, 0.2], obj))[2] + short]
+        for _ in range(CFG.stall_steps):
+            expert.act(_scene(held, obj))
+        assert (expert.phase is Phase.CLOSE) is closes
+
+
 def test_grasp_point_floor_and_finger_reach():
     expert = PickPlace()
     flat = _scene([0, 0, 0.2], [0.0, 0.0, 0.009], height=0.018)  # butter: mid-height would scrape the floor
@@ -108,7 +123,7 @@ def test_choose_yaw_turns_the_hand_away_from_a_neighbour():
     assert hand_clearance(0.0, grasp, tomato, CFG) < 0
     yaw, gap = choose_yaw(grasp, half, tomato, CFG)
     assert yaw < 0 and gap == hand_clearance(yaw, grasp, tomato, CFG) >= CFG.clearance  # turned away from the can
-    step = CFG.max_yaw / 16
+    step = CFG.max_yaw / CFG.yaw_steps
     assert hand_clearance(yaw + step, grasp, tomato, CFG) < CFG.clearance  # the smallest turn that clears
     span = 2 * (half[0] * abs(np.sin(yaw)) + half[1] * abs(np.cos(yaw)))
     assert span <= CFG.opening  # the turned fingers still take the box
@@ -118,11 +133,26 @@ def test_choose_yaw_turns_the_hand_away_from_a_neighbour():
     assert best_gap == hand_clearance(best, grasp, wide, CFG) < CFG.clearance
 
 
+def test_choose_yaw_keeps_the_open_fingers_off_a_neighbour_as_tall_as_the_object():
+    """LIBERO-10's soup can beside the tomato sauce (2 mm apart, both 8.4 cm tall): the hand's body clears
+    the sauce, but at yaw 0 a finger lands on it; the fingers turned along the gap clear it."""
+    grasp = np.array([0.071, -0.118, 0.487])
+    half = np.array([0.033, 0.035])
+    sauce = np.array([[0.0985, -0.19, 0.049, 0.517]])
+    assert sauce[0, 3] <= grasp[2] + CFG.hand_bottom  # too low for the hand's body
+    assert hand_clearance(0.0, grasp, sauce, CFG) < 0
+    yaw, gap = choose_yaw(grasp, half, sauce, CFG)
+    assert abs(yaw) > 1.0 and gap >= CFG.clearance
+    low = sauce.copy()
+    low[0, 3] = grasp[2]  # no higher than the grasp point: under the fingers, ignored
+    assert hand_clearance(0.0, grasp, low, CFG) == np.inf
+
+
 def test_choose_grasp_slides_along_a_long_box_when_the_centre_is_blocked():
     half = np.array([0.0415, 0.0215])  # cream cheese, long side along x
     centre = np.array([0.0, 0.0, 0.012])
     cartons = np.array([[-0.03, 0.12, 0.015, 0.15], [-0.03, -0.12, 0.015, 0.15]])  # beyond both ends of the hand
-    yaws = [y for y in np.arange(-16, 17) * CFG.max_yaw / 16
+    yaws = [y for y in np.arange(-CFG.yaw_steps, CFG.yaw_steps + 1) * CFG.max_yaw / CFG.yaw_steps
             if 2 * (half[0] * abs(np.sin(y)) + half[1] * abs(np.cos(y))) <= CFG.opening]
     assert max(hand_clearance(y, centre, cartons, CFG) for y in yaws) < CFG.clearance  # no turn clears at the centre
     grasp, yaw = choose_grasp(centre, half, cartons, CFG)
@@ -293,3 +323,20 @@ def test_dart_noise_moves_the_hand_off_the_clean_path(libero_env):
     n = min(len(clean["ee_pos"]), len(noisy["ee_pos"]))
     assert np.abs(clean["ee_pos"][1:n] - noisy["ee_pos"][1:n]).max() > 0.01  # executed actions differed
     assert clean["success"] and noisy["success"]
+
+
+def test_objects_sharing_a_region_sit_side_by_side_across_their_long_side(libero_env):
+    """Two slots on one region are spaced along the region's axis the object is narrower along (both moka
+    pots on the stove: 15 cm long each, side by side along their 8 cm width)."""
+    from heisd.benchmarks.libero_experts import SLOT_SPACING, SimReader, place_point
+
+    reader = SimReader(libero_env.simulator)
+    region = next(n for n in libero_env.simulator.object_sites_dict if n.endswith("contain_region"))
+    axes = libero_env.simulator.sim.data.get_site_xmat(region)[:2, :2]
+    size = np.asarray(libero_env.simulator.object_sites_dict[region].size, dtype=np.float64)
+    names = list(reader.geoms)
+    extents = {n: np.abs(axes.T) @ (reader.box(n)[1] - reader.box(n)[0])[:2] for n in names}  # along each axis
+    long = max(names, key=lambda n: abs(extents[n][0] - extents[n][1]))  # the most elongated object
+    narrow = int(np.argmin(extents[long]))
+    a, b = (place_point(reader, long, region, "in", slot, 2) for slot in (0, 1))
+    np.testing.assert_allclose(b[:2] - a[:2], axes[:, narrow] * SLOT_SPACING * size[narrow], atol=1e-9)

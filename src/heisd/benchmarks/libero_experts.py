@@ -35,6 +35,7 @@ SLOT_SPACING = 1.2  # side-by-side objects on one region: their centres this man
 ON_ABOVE = 0.01  # release height of an object's bottom above what it goes on, m
 IN_ABOVE = 0.05  # ... above the centre of the region it goes in, m
 PUSH_ABOVE = 0.005  # what reaches this far above the table stands in a pushed object's way, m
+FIXTURE_GRID = 0.02  # spacing of the points that stand for a fixture part in the hand's way, m
 
 
 def check_expert_suite(suite: str) -> None:
@@ -68,8 +69,10 @@ class SimReader:
         self.floor = min(self.box(name)[0][2] for name in self.geoms)  # every scene has objects on its table
         fixtures = {sim.model.body_name2id(f.root_body) for f in robosuite_env.fixtures_dict.values()}
         root = sim.model.body_rootid
+        # colliding parts: a geom collides where its contype or its conaffinity is set (the microwave's
+        # door has only the latter)
         self._fixture_geoms = np.flatnonzero(np.isin(root[sim.model.geom_bodyid], list(fixtures))
-                                             & (sim.model.geom_contype > 0))
+                                             & ((sim.model.geom_contype > 0) | (sim.model.geom_conaffinity > 0)))
 
     def _body_hull(self, name: str) -> np.ndarray:
         """An object's convex-hull points in its root body's frame: a mesh's own vertices, a primitive's
@@ -110,19 +113,23 @@ class SimReader:
         return float(np.arctan2(-d[0], d[1]))
 
     def obstacles(self, *skip: str) -> np.ndarray:
-        """Every object but `skip` (x, y, footprint radius, top), and the corners and centre of every
-        colliding part of the fixtures (radius 0: a drawer's thin wall is no disc)."""
-        rows = []
+        """Every object but `skip` (x, y, footprint radius, top), and points every `FIXTURE_GRID` over the
+        footprint of every colliding fixture part above the table (radius 0: a drawer's thin wall is no
+        disc, and a cabinet's top is met along its edge, not at its corners)."""
+        rows = [np.zeros((0, 4))]
         for name in self.geoms:
             if name not in skip:
                 lo, hi = self.box(name)
-                rows.append([*(lo[:2] + hi[:2]) / 2, np.linalg.norm(hi[:2] - lo[:2]) / 2, hi[2]])
-        g = self._fixture_geoms
-        centre, half = geom_boxes(self.env.sim, g)
-        for dx, dy in ((0, 0), (1, 1), (1, -1), (-1, 1), (-1, -1)):
-            pts = centre[:, :2] + half[:, :2] * (dx, dy)
-            rows.extend(np.column_stack([pts, np.zeros(len(g)), centre[:, 2] + half[:, 2]]).tolist())
-        return np.array(rows).reshape(-1, 4)
+                rows.append([[*(lo[:2] + hi[:2]) / 2, np.linalg.norm(hi[:2] - lo[:2]) / 2, hi[2]]])
+        centre, half = geom_boxes(self.env.sim, self._fixture_geoms)
+        top = centre[:, 2] + half[:, 2]
+        for c, h, t in zip(centre, half, top, strict=True):
+            if t > self.floor + PUSH_ABOVE:
+                x, y = np.meshgrid(*(np.linspace(-a, a, int(np.ceil(2 * a / FIXTURE_GRID)) + 1) for a in h[:2]))
+                points = np.zeros((x.size, 4))
+                points[:, 0], points[:, 1], points[:, 3] = c[0] + x.ravel(), c[1] + y.ravel(), t
+                rows.append(points)
+        return np.concatenate(rows)
 
     def footprints(self, *skip: str, above: float) -> np.ndarray:
         """The xy boxes (lo_x, lo_y, hi_x, hi_y) of every object but `skip` and every colliding part of
@@ -179,15 +186,17 @@ class SimReader:
 
 def place_point(r: SimReader, obj: str, place: str, relation: str, slot: int = 0, slots: int = 1) -> np.ndarray:
     """Where `obj`'s bounding-box centre goes (xy) and its bottom's release height (z): its body (the
-    point LIBERO's predicates test) over the place's centre, or over its slot along the region's y
-    when several objects share it."""
+    point LIBERO's predicates test) over the place's centre, or, when several objects share it, over its
+    slot along the region's axis the object is narrower along (two 15 cm moka pots side by side across
+    their handles)."""
     lo, hi = r.box(obj)
     shift = (lo[:2] + hi[:2]) / 2 - r.body(obj)[:2]
     if r.is_site(place):
         centre = r.site(place)
         size = np.asarray(r.env.object_sites_dict[place].size, dtype=np.float64)
-        y_axis = r.env.sim.data.get_site_xmat(place)[:, 1]
-        centre = centre + y_axis * (slot - (slots - 1) / 2) * SLOT_SPACING * size[1]
+        axes = r.env.sim.data.get_site_xmat(place)[:, :2]
+        k = int(np.argmin(np.abs(axes[:2].T) @ (hi[:2] - lo[:2])))  # the object's extent along each axis
+        centre = centre + axes[:, k] * (slot - (slots - 1) / 2) * SLOT_SPACING * size[k]
         z = centre[2] + IN_ABOVE if relation == "in" else centre[2] + size[2] + ON_ABOVE
     else:
         centre = r.body(place)
@@ -195,12 +204,21 @@ def place_point(r: SimReader, obj: str, place: str, relation: str, slot: int = 0
     return np.array([centre[0] + shift[0], centre[1] + shift[1], z])
 
 
+def region_half(r: SimReader, place: str) -> np.ndarray | None:
+    """A region site's xy half extents along the world axes; None for an object."""
+    if not r.is_site(place):
+        return None
+    size = np.asarray(r.env.object_sites_dict[place].size, dtype=np.float64)
+    return (np.abs(r.env.sim.data.get_site_xmat(place)) @ size)[:2]
+
+
 def pick_place_scene(r: SimReader, step: Step, eef: np.ndarray) -> Scene:
     lo, hi = r.box(step.target)
+    place = place_point(r, step.target, step.place, step.relation, step.slot, step.slots)
     return Scene(eef=eef, object_center=(lo + hi) / 2, object_bottom=float(lo[2]), object_top=float(hi[2]),
-                 place=place_point(r, step.target, step.place, step.relation, step.slot, step.slots), yaw=r.yaw(),
+                 place=place, yaw=r.yaw(),
                  object_half=(hi[:2] - lo[:2]) / 2, obstacles=r.obstacles(step.target, step.place),
-                 floor=r.floor)
+                 floor=r.floor, place_half=region_half(r, step.place))
 
 
 def knob_scene(r: SimReader, step: Step, eef: np.ndarray) -> KnobScene:
@@ -219,10 +237,9 @@ def push_scene(r: SimReader, step: Step, eef: np.ndarray) -> PushScene:
     half = (hi[:2] - lo[:2]) / 2
     place = place_point(r, step.target, step.place, step.relation)[:2]
     boxes = r.footprints(step.target, above=r.floor + PUSH_ABOVE)
-    if r.is_site(step.place):
-        size = np.asarray(r.env.object_sites_dict[step.place].size, dtype=np.float64)
-        region = np.abs(r.env.sim.data.get_site_xmat(step.place)) @ size  # its half extents along world axes
-        place = clear_spot(place, region[:2], half, boxes)
+    region = region_half(r, step.place)
+    if region is not None:
+        place = clear_spot(place, region, half, boxes)
     return PushScene(eef=eef, yaw=r.yaw(), object_center=(lo + hi) / 2, object_half=half,
                      object_top=float(hi[2]), place=place, floor=r.floor, boxes=boxes)
 

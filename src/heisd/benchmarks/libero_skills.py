@@ -41,15 +41,19 @@ class ExpertConfig:
     floor_clearance: float = 0.012  # lowest end-effector height above the floor: the finger tips stay off it, m
     tolerance: float = 0.01  # position error that ends a move phase, m
     close_steps: int = 12  # steps with the gripper closing before lifting
+    stall_steps: int = 10  # steps held just short of the grasp point before closing there
     open_steps: int = 10  # steps with the gripper opening before retreating
     lost_distance: float = 0.05  # object centre this far from where the grasp holds it = grasp lost, m
     yaw_gain: float = 1.5  # rotation action per radian of yaw error (action 1 = the controller's 0.5 rad)
     yaw_tolerance: float = 0.05  # yaw error that ends the approach, rad
-    max_yaw: float = 0.8  # largest grasp yaw considered, rad
+    max_yaw: float = np.pi / 2  # largest grasp yaw considered, rad (the hand is symmetric: a half turn covers all)
+    yaw_steps: int = 32  # grasp yaws tried on each side of 0
     opening: float = 0.07  # widest object section the open fingers take, m (Panda: 8 cm, less a margin)
     hand_half_length: float = 0.105  # the hand's extent from the grasp point along the finger axis, m
     hand_half_width: float = 0.035  # ... across it, m
     hand_bottom: float = 0.03  # height of the hand's body (not the fingers) above the end effector, m
+    finger_offset: float = 0.05  # an open finger's centre from the grasp point along the finger axis, m
+    finger_half: float = 0.01  # ... and its half size, m
     clearance: float = 0.01  # wanted gap between the hand and any neighbouring object, m
     long_box: float = 0.01  # half length minus half width above which a box may be grasped off its centre, m
     pad_margin: float = 0.015  # an off-centre grasp keeps the finger pads this far inside the box's ends, m
@@ -97,24 +101,48 @@ class Scene:
     # other objects (x, y, footprint radius, top) and points on the fixtures' parts (radius 0)
     obstacles: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
     floor: float = 0.0  # height of the surface the scene stands on (table or floor), m
+    place_half: np.ndarray | None = None  # xy half extents (world axes) of the region it goes in or on, if one
+
+
+def place_turn(object_half: np.ndarray, place_half: np.ndarray | None) -> bool:
+    """Turn the held object a quarter about z before it goes down: it sticks out of the region less
+    turned (a book held with its long side across the caddy's narrow compartment)."""
+    if place_half is None:
+        return False
+    overflow = lambda half: float(np.maximum(half - place_half, 0.0).sum())  # noqa: E731
+    return overflow(object_half[::-1]) < overflow(object_half)
+
+
+def _rect_gaps(centre: np.ndarray, yaw: float, half_along: float, half_across: float,
+               obstacles: np.ndarray) -> np.ndarray:
+    """Signed horizontal gap between a rectangle along the finger axis at `yaw` and each obstacle's disc
+    (negative inside, by how deep: the least-bad grasp overlaps least)."""
+    axis = np.array([-np.sin(yaw), np.cos(yaw)])  # finger axis
+    across = np.array([axis[1], -axis[0]])
+    rel = obstacles[:, :2] - centre[:2]
+    along_d = np.abs(rel @ axis) - half_along
+    across_d = np.abs(rel @ across) - half_across
+    outside = np.hypot(np.maximum(along_d, 0.0), np.maximum(across_d, 0.0))
+    inside = np.minimum(np.maximum(along_d, across_d), 0.0)
+    return outside + inside - obstacles[:, 2]
 
 
 def hand_clearance(yaw: float, grasp: np.ndarray, obstacles: np.ndarray, c: ExpertConfig) -> float:
-    """Smallest horizontal gap between the hand's footprint at the grasp (a rectangle along the finger
-    axis) and the objects tall enough to reach the hand's body there (negative: overlapping); inf if
-    none is."""
+    """Smallest horizontal gap between the hand at the grasp and its neighbours (negative: overlapping;
+    inf if none is near): the hand's body (a rectangle along the finger axis) against what reaches up to
+    it, and the two open finger tips against what stands higher than the grasp point (a can beside the
+    can grasped: the hand's body clears it, a finger lands on it)."""
+    gaps = [np.inf]
     tall = obstacles[obstacles[:, 3] > grasp[2] + c.hand_bottom]
-    if not len(tall):
-        return float("inf")
-    axis = np.array([-np.sin(yaw), np.cos(yaw)])  # finger axis
-    across = np.array([axis[1], -axis[0]])
-    rel = tall[:, :2] - grasp[:2]
-    along_d = np.abs(rel @ axis) - c.hand_half_length
-    across_d = np.abs(rel @ across) - c.hand_half_width
-    # signed distance to the rectangle: negative inside, by how deep (the least-bad grasp overlaps least)
-    outside = np.hypot(np.maximum(along_d, 0.0), np.maximum(across_d, 0.0))
-    inside = np.minimum(np.maximum(along_d, across_d), 0.0)
-    return float((outside + inside - tall[:, 2]).min())
+    if len(tall):
+        gaps.append(_rect_gaps(grasp, yaw, c.hand_half_length, c.hand_half_width, tall).min())
+    beside = obstacles[obstacles[:, 3] > grasp[2]]
+    if len(beside):
+        axis = np.array([-np.sin(yaw), np.cos(yaw)])
+        for side in (-1.0, 1.0):
+            tip = grasp[:2] + side * c.finger_offset * axis
+            gaps.append(_rect_gaps(tip, yaw, c.finger_half, c.finger_half, beside).min())
+    return float(min(gaps))
 
 
 def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray,
@@ -122,7 +150,7 @@ def choose_yaw(grasp: np.ndarray, object_half: np.ndarray, obstacles: np.ndarray
     """(yaw, clearance): the grasp yaw closest to 0 whose finger span takes the object and whose hand
     clears the neighbours by `clearance`; if none does, the one with the most clearance."""
     best, best_gap = 0.0, -np.inf
-    for yaw in sorted(np.arange(-16, 17) * c.max_yaw / 16, key=abs):  # 0 first, then ever larger turns
+    for yaw in sorted(np.arange(-c.yaw_steps, c.yaw_steps + 1) * c.max_yaw / c.yaw_steps, key=abs):  # 0 first
         span = 2 * (object_half[0] * abs(np.sin(yaw)) + object_half[1] * abs(np.cos(yaw)))
         if span > c.opening and yaw != 0.0:
             continue
@@ -198,10 +226,11 @@ class PickPlace:
     config: ExpertConfig = ExpertConfig()
     phase: Phase = Phase.ABOVE
     done: bool = False
-    _count: int = 0  # steps spent in a timed phase (CLOSE, RELEASE, RETREAT)
+    _count: int = 0  # steps spent in a timed phase (CLOSE, RELEASE, RETREAT) or stalled in DESCEND
     _grasp: np.ndarray | None = field(default=None, repr=False)  # grasp point, fixed on the approach
     _offset: np.ndarray = field(default_factory=lambda: np.zeros(3), repr=False)  # object centre - eef, held
     _yaw: float | None = None  # grasp yaw, chosen on the approach
+    _turn: float = 0.0  # how far the hand turns the held object before lowering it, rad
 
     def grasp_point(self, s: Scene) -> np.ndarray:
         return self._grasp_and_yaw(s)[0]
@@ -216,37 +245,59 @@ class PickPlace:
         grasp = np.array([s.object_center[0], s.object_center[1], max(z, s.floor + c.floor_clearance)])
         return choose_grasp(grasp, s.object_half, s.obstacles, c)
 
+    def _stalled(self, s: Scene) -> bool:
+        """`stall_steps` steps within twice the tolerance of the grasp: something holds the hand there (a bowl's
+        far rim under the hand's body, 1.4 cm short of a wall grasp): the fingers close where they are."""
+        c = self.config
+        return bool(np.linalg.norm(self._grasp - s.eef) < 2 * c.tolerance) and _tick(self, c.stall_steps)
+
     def _held(self, s: Scene) -> bool:
         """The object moves with the hand: its centre stays where it was relative to the end effector."""
-        return bool(np.linalg.norm(s.object_center - (s.eef + self._offset)) < self.config.lost_distance)
+        return bool(np.linalg.norm(s.object_center - (s.eef + self._held_offset(s))) < self.config.lost_distance)
 
     def act(self, s: Scene) -> np.ndarray:
         c = self.config
         if self._grasp is None:
             self._grasp, self._yaw = self._grasp_and_yaw(s)
+            # a quarter turn back through yaw 0 where the grasp is turned already: the wrist turns least
+            self._turn = -np.sign(self._yaw or 1.0) * np.pi / 2 if place_turn(s.object_half, s.place_half) else 0.0
         self._advance(s)
         gripper = 1.0 if self.phase in (Phase.CLOSE, Phase.LIFT, Phase.CARRY, Phase.LOWER) else -1.0
         return _move(c, self._target(s), s.eef, self._yaw_error(s), gripper)
 
     def _yaw_error(self, s: Scene) -> float:
-        return _angle(self._yaw - s.yaw)
+        turned = self.phase in (Phase.CARRY, Phase.LOWER, Phase.RELEASE, Phase.RETREAT)
+        return _angle(self._yaw + (self._turn if turned else 0.0) - s.yaw)
+
+    def _held_offset(self, s: Scene) -> np.ndarray:
+        """Object centre - end effector now: the offset taken at the grasp, turned as the hand turned since."""
+        return rotation(np.array([0.0, 0.0, 1.0]), _angle(s.yaw - self._yaw)) @ self._offset
 
     def _carry_z(self, s: Scene) -> float:
+        """End-effector height while carrying: `carry_z` over the floor, `carry_clear` over the release, and
+        the held object's bottom `carry_clear` over the walls around the place (a caddy compartment's; a
+        roof higher than the object will stand, the microwave's, is not a wall)."""
         c = self.config
-        return max(s.floor + c.carry_z, self._release(s)[2] + c.carry_clear)
+        height = s.object_top - s.object_bottom
+        reach = np.linalg.norm(s.object_half) + s.obstacles[:, 2] + c.clearance
+        near = np.hypot(*(s.obstacles[:, :2] - s.place[:2]).T) < reach
+        walls = s.obstacles[near & (s.obstacles[:, 3] < s.place[2] + height), 3]
+        hang = s.object_center[2] - s.object_bottom - self._offset[2]  # end effector above the held object's bottom
+        return max(s.floor + c.carry_z, self._release(s)[2] + c.carry_clear,
+                   np.max(walls, initial=-np.inf) + c.carry_clear + hang)
 
     def _release(self, s: Scene) -> np.ndarray:
         # the object's bottom at the place's height, centre over it; the hand holds it `-offset` away
         half = s.object_center[2] - s.object_bottom
-        return s.place + np.array([0.0, 0.0, half]) - self._offset
+        return s.place + np.array([0.0, 0.0, half]) - self._held_offset(s)
 
     def _advance(self, s: Scene) -> None:
         """Phase transitions, taken before acting so the action follows the new phase."""
         c = self.config
         reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
         if self.phase is Phase.ABOVE and reached() and abs(self._yaw_error(s)) < c.yaw_tolerance:
-            self.phase = Phase.DESCEND
-        elif self.phase is Phase.DESCEND and reached():
+            self.phase, self._count = Phase.DESCEND, 0
+        elif self.phase is Phase.DESCEND and (reached() or self._stalled(s)):
             self.phase, self._count = Phase.CLOSE, 0
         elif self.phase is Phase.CLOSE:
             if _tick(self, c.close_steps):
@@ -255,7 +306,8 @@ class PickPlace:
             self.phase, (self._grasp, self._yaw) = Phase.ABOVE, self._grasp_and_yaw(s)  # dropped or missed
         elif self.phase is Phase.LIFT and s.eef[2] > self._carry_z(s) - 2 * c.tolerance:
             self.phase = Phase.CARRY
-        elif self.phase is Phase.CARRY and np.linalg.norm((self._target(s) - s.eef)[:2]) < c.tolerance:
+        elif self.phase is Phase.CARRY and np.linalg.norm((self._target(s) - s.eef)[:2]) < c.tolerance \
+                and abs(self._yaw_error(s)) < c.yaw_tolerance:
             self.phase = Phase.LOWER
         elif self.phase is Phase.LOWER and reached():
             self.phase, self._count = Phase.RELEASE, 0
@@ -572,7 +624,7 @@ class DrawerScene:
 
 
 class DrawerPhase(enum.Enum):
-    FACE = "face"  # in front of the handle (from above), fingers turned to point at it (open) or down (close)
+    FACE = "face"  # in front of the handle (from above), fingers pointing at it (open) or leaning toward it (close)
     REACH = "reach"  # onto the handle: the bar between the fingers (open), the fingers against it (close)
     GRIP = "grip"  # close the fingers on the bar
     MOVE = "move"  # pull (open) or push (close) until the drawer is there
@@ -584,11 +636,12 @@ class DrawerPhase(enum.Enum):
 class Drawer:
     """Open a drawer by its handle (the hand turned 90 degrees to point into the cabinet, the bar
     between its fingers: pointing down, the 21 cm hand would hit the cabinet above), or close one
-    by pushing its handle with the closed fingers pointing down."""
+    by pushing its handle with the closed fingers, the hand's long side level across the push and
+    its fingers leaning into the cabinet (`close_pitch`)."""
 
     config: ExpertConfig = ExpertConfig()
     opening: bool = True
-    standoff: float = 0.10  # distance in front of the handle before reaching for it, m
+    standoff: float = 0.10  # distance in front of the handle before reaching for it (opening), m
     lead: float = 0.04  # how far ahead of the hand it aims while pulling or pushing, m
     rot_gain: float = 1.5  # rotation action per radian of orientation error
     rot_tolerance: float = 0.08  # orientation error that ends a turning phase, rad
@@ -596,6 +649,10 @@ class Drawer:
     # how close to the point in front of the handle is close enough to reach for it: with the hand
     # turned, OSC_POSE can settle a centimetre off a target (it held 1.03 cm above it for 200 steps)
     face_tolerance: float = 0.02
+    # closing, the fingers lean this far from down toward the cabinet: pointing down, the forearm met the
+    # cabinet's top with 5 cm still to push; pointing level, the wrist met a wine rack beside the drawer
+    close_pitch: float = np.pi / 6
+    close_standoff: float = 0.05  # ... and its standoff, m (shorter: the leaning wrist trails the hand)
     phase: DrawerPhase = DrawerPhase.FACE
     done: bool = False
     _count: int = 0
@@ -613,8 +670,10 @@ class Drawer:
             if self.opening:  # pitch the fingers from down to into the cabinet: the closing axis turns vertical
                 axis = np.cross([0.0, 0.0, 1.0], s.pull)
                 self._work = rotation(axis / np.linalg.norm(axis), np.pi / 2) @ aligned
-            else:  # down, the hand's long side across the push
-                self._work = rotation(np.array([0.0, 0.0, 1.0]), np.pi / 2) @ aligned
+            else:  # the hand's long side across the push, fingers pitched from down to into the cabinet
+                across = rotation(np.array([0.0, 0.0, 1.0]), np.pi / 2) @ aligned
+                axis = np.cross([0.0, 0.0, 1.0], s.pull)  # the finger axis: it stays level, the hand thin vertically
+                self._work = rotation(axis / np.linalg.norm(axis), self.close_pitch) @ across
         self._advance(s)
         target_rot = self._home if self.phase is DrawerPhase.BACK else self._work
         gripper = 1.0 if self.phase in (DrawerPhase.GRIP, DrawerPhase.MOVE) or not self.opening else -1.0
@@ -646,7 +705,7 @@ class Drawer:
             self.done = _tick(self, c.retreat_steps) and self._rot_ok(s, self._home)
 
     def _target(self, s: DrawerScene) -> np.ndarray:
-        front = s.handle + s.pull * self.standoff
+        front = s.handle + s.pull * (self.standoff if self.opening else self.close_standoff)
         if self.phase is DrawerPhase.FACE:
             # over that point first, then straight down: turned, the hand reaches `hand_half_length` below
             # the grip site, and swept low on the way it shoved a bowl in front of the drawer
