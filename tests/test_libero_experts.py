@@ -10,7 +10,7 @@ from conftest import LIBERO_TASK
 
 from heisd.benchmarks.libero_experts import check_expert_suite
 from heisd.benchmarks.libero_skills import (
-    ExpertConfig, Phase, PickPlace, Scene, approach_height, choose_grasp, choose_yaw, hand_clearance,
+    ExpertConfig, Phase, PickPlace, Scene, approach_height, choose_grasp, choose_yaw, hand_clearance, place_turn,
 )
 from heisd.errors import UsageError
 from heisd.runtime.recording import dart_action
@@ -100,6 +100,23 @@ def test_descent_held_short_of_the_grasp_closes_where_it_stands():
         for _ in range(CFG.stall_steps):
             expert.act(_scene(held, obj))
         assert (expert.phase is Phase.CLOSE) is closes
+
+
+def test_a_held_object_turns_a_quarter_to_fit_its_region():
+    """LIBERO-10's book (11.5 x 4.2 cm, long side along x) into the caddy's back compartment (5.5 x 12.4 cm):
+    turned; a can into the basket, or onto an object (no region), is not."""
+    book, compartment = np.array([0.0575, 0.021]), np.array([0.0278, 0.0622])
+    assert place_turn(book, compartment) and not place_turn(book[::-1], compartment)
+    assert not place_turn(np.array([0.033, 0.035]), np.array([0.08, 0.08])) and not place_turn(book, None)
+    world, expert, phases = ToyWorld(half=tuple(book)), PickPlace(), []
+    turned = lambda w: Scene(**{**w.scene().__dict__, "place_half": compartment})  # noqa: E731
+    for _ in range(300):
+        a = expert.act(turned(world))
+        if expert.phase is Phase.LOWER and Phase.LOWER not in phases:
+            assert abs(abs(world.yaw) - np.pi / 2) < CFG.yaw_tolerance  # turned before going down
+        phases.append(expert.phase)
+        world.step(a)
+    assert Phase.RETREAT in phases  # placed and let go
 
 
 def test_grasp_point_floor_and_finger_reach():

@@ -258,12 +258,16 @@ class PickPlace:
     def act(self, s: Scene) -> np.ndarray:
         c = self.config
         if self._grasp is None:
-            self._grasp, self._yaw = self._grasp_and_yaw(s)
-            # a quarter turn back through yaw 0 where the grasp is turned already: the wrist turns least
-            self._turn = -np.sign(self._yaw or 1.0) * np.pi / 2 if place_turn(s.object_half, s.place_half) else 0.0
+            self._choose(s)
         self._advance(s)
         gripper = 1.0 if self.phase in (Phase.CLOSE, Phase.LIFT, Phase.CARRY, Phase.LOWER) else -1.0
         return _move(c, self._target(s), s.eef, self._yaw_error(s), gripper)
+
+    def _choose(self, s: Scene) -> None:
+        """The grasp point and yaw, and the turn the held object takes to fit its place: a quarter back
+        through yaw 0 where the grasp is turned already (the wrist turns least)."""
+        self._grasp, self._yaw = self._grasp_and_yaw(s)
+        self._turn = -np.sign(self._yaw or 1.0) * np.pi / 2 if place_turn(s.object_half, s.place_half) else 0.0
 
     def _yaw_error(self, s: Scene) -> float:
         turned = self.phase in (Phase.CARRY, Phase.LOWER, Phase.RELEASE, Phase.RETREAT)
@@ -303,7 +307,8 @@ class PickPlace:
             if _tick(self, c.close_steps):
                 self.phase, self._offset = Phase.LIFT, s.object_center - s.eef
         elif self.phase in (Phase.LIFT, Phase.CARRY, Phase.LOWER) and not self._held(s):
-            self.phase, (self._grasp, self._yaw) = Phase.ABOVE, self._grasp_and_yaw(s)  # dropped or missed
+            self.phase = Phase.ABOVE  # dropped or missed: grasp it again, chosen anew
+            self._choose(s)
         elif self.phase is Phase.LIFT and s.eef[2] > self._carry_z(s) - 2 * c.tolerance:
             self.phase = Phase.CARRY
         elif self.phase is Phase.CARRY and np.linalg.norm((self._target(s) - s.eef)[:2]) < c.tolerance \
