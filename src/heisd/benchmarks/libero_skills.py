@@ -113,11 +113,16 @@ def place_turn(object_half: np.ndarray, place_half: np.ndarray | None) -> bool:
     return overflow(object_half[::-1]) < overflow(object_half)
 
 
+def finger_axis(yaw: float) -> np.ndarray:
+    """The xy unit vector along the finger axis at `yaw` (0: along world y)."""
+    return np.array([-np.sin(yaw), np.cos(yaw)])
+
+
 def _rect_gaps(centre: np.ndarray, yaw: float, half_along: float, half_across: float,
                obstacles: np.ndarray) -> np.ndarray:
     """Signed horizontal gap between a rectangle along the finger axis at `yaw` and each obstacle's disc
     (negative inside, by how deep: the least-bad grasp overlaps least)."""
-    axis = np.array([-np.sin(yaw), np.cos(yaw)])  # finger axis
+    axis = finger_axis(yaw)
     across = np.array([axis[1], -axis[0]])
     rel = obstacles[:, :2] - centre[:2]
     along_d = np.abs(rel @ axis) - half_along
@@ -138,7 +143,7 @@ def hand_clearance(yaw: float, grasp: np.ndarray, obstacles: np.ndarray, c: Expe
         gaps.append(_rect_gaps(grasp, yaw, c.hand_half_length, c.hand_half_width, tall).min())
     beside = obstacles[obstacles[:, 3] > grasp[2]]
     if len(beside):
-        axis = np.array([-np.sin(yaw), np.cos(yaw)])
+        axis = finger_axis(yaw)
         for side in (-1.0, 1.0):
             tip = grasp[:2] + side * c.finger_offset * axis
             gaps.append(_rect_gaps(tip, yaw, c.finger_half, c.finger_half, beside).min())
@@ -672,13 +677,14 @@ class Drawer:
             yaw = np.arctan2(finger[0] * s.pull[1] - finger[1] * s.pull[0], finger @ s.pull)
             yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 else yaw
             aligned = rotation(np.array([0.0, 0.0, 1.0]), yaw) @ s.rot
+            level = np.cross([0.0, 0.0, 1.0], s.pull)  # the pitch axis: horizontal, across the pull
+            level /= np.linalg.norm(level)
             if self.opening:  # pitch the fingers from down to into the cabinet: the closing axis turns vertical
-                axis = np.cross([0.0, 0.0, 1.0], s.pull)
-                self._work = rotation(axis / np.linalg.norm(axis), np.pi / 2) @ aligned
-            else:  # the hand's long side across the push, fingers pitched from down to into the cabinet
+                self._work = rotation(level, np.pi / 2) @ aligned
+            else:  # the hand's long side across the push (its finger axis on `level`, the hand thin vertically),
+                # fingers pitched from down toward the cabinet
                 across = rotation(np.array([0.0, 0.0, 1.0]), np.pi / 2) @ aligned
-                axis = np.cross([0.0, 0.0, 1.0], s.pull)  # the finger axis: it stays level, the hand thin vertically
-                self._work = rotation(axis / np.linalg.norm(axis), self.close_pitch) @ across
+                self._work = rotation(level, self.close_pitch) @ across
         self._advance(s)
         target_rot = self._home if self.phase is DrawerPhase.BACK else self._work
         gripper = 1.0 if self.phase in (DrawerPhase.GRIP, DrawerPhase.MOVE) or not self.opening else -1.0
