@@ -9,9 +9,12 @@ BENCHMARKS.md sections 7 (LIBERO-Object) and 12 (the other suites) for what each
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 from scipy.spatial import ConvexHull
 
+from heisd.benchmarks.libero_enclosure import CloseDoor, DoorScene, Insert, InsertScene
 from heisd.benchmarks.libero_plan import Step, plan
 from heisd.benchmarks.libero_protocol import SUITES
 from heisd.benchmarks.libero_skills import (
@@ -25,6 +28,7 @@ from heisd.benchmarks.libero_skills import (
     Scene,
     TurnKnob,
     clear_spot,
+    finger_axis,
     is_rim_grasp,
 )
 from heisd.errors import UsageError
@@ -36,6 +40,10 @@ ON_ABOVE = 0.01  # release height of an object's bottom above what it goes on, m
 IN_ABOVE = 0.05  # ... above the centre of the region it goes in, m
 PUSH_ABOVE = 0.005  # what reaches this far above the table stands in a pushed object's way, m
 FIXTURE_GRID = 0.02  # spacing of the points that stand for a fixture part in the hand's way, m
+MOUTH_GAP = 0.01  # a staged object and the hand holding it stop this far before an enclosure's mouth, m
+HANDLE_DEPTH = 0.008  # the fingers take an object's back this far in from its farthest point, m
+HANDLE_SLICE = 0.015  # ... and centre on its points within this of that farthest point, m
+HINGE = 3  # mujoco.mjtJoint.mjJNT_HINGE
 
 
 def check_expert_suite(suite: str) -> None:
@@ -55,6 +63,24 @@ def geom_boxes(sim, geoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return centre, np.einsum("nij,nj->ni", np.abs(rot), sim.model.geom_aabb[geoms, 3:])
 
 
+def geom_corners(sim, geoms: np.ndarray) -> np.ndarray:
+    """The 8 corners of each geom's local box, in the world: (len(geoms) * 8, 3)."""
+    rot = sim.data.geom_xmat[geoms].reshape(-1, 3, 3)
+    local = sim.model.geom_aabb[geoms, None, :3] + sim.model.geom_aabb[geoms, None, 3:] * CUBE
+    return (sim.data.geom_xpos[geoms, None] + np.einsum("nij,nkj->nki", rot, local)).reshape(-1, 3)
+
+
+@dataclass(frozen=True)
+class Enclosure:
+    """The inside of a fixture around a region, open on one side (a microwave's cavity)."""
+
+    inward: np.ndarray  # (3,) horizontal unit vector from the mouth in
+    mouth: float  # where the walls around the mouth begin, along `inward`, m
+    back: float  # the back wall's face, along `inward`, m
+    middle: np.ndarray  # (3,) the region's centre moved midway between the side walls
+    floor: float  # top of the floor, m
+
+
 class SimReader:
     """Reads one LIBERO task's simulator: objects' world boxes, sites, the hand's yaw, goal predicates."""
 
@@ -66,6 +92,7 @@ class SimReader:
             self.geoms[name] = np.flatnonzero(sim.model.geom_bodyid == sim.model.body_name2id(obj.root_body))
         self._hull = {name: self._body_hull(name) for name in self.geoms}
         self._fingers = [sim.model.body_name2id(f"gripper0_{side}finger") for side in ("left", "right")]
+        self._enclosures: dict[str, Enclosure | None] = {}
         self.floor = min(self.box(name)[0][2] for name in self.geoms)  # every scene has objects on its table
         fixtures = {sim.model.body_name2id(f.root_body) for f in robosuite_env.fixtures_dict.values()}
         root = sim.model.body_rootid
@@ -171,6 +198,69 @@ class SimReader:
     def is_site(self, name: str) -> bool:
         return name in self.env.object_sites_dict
 
+    def enclosure(self, place: str) -> Enclosure | None:
+        """The walls of the fixture around a region as they were first read (a door swung shut later
+        would close its mouth): from its centre, the nearest colliding part of the fixture along each
+        axis. An enclosure has a floor, a roof, and walls on all horizontal sides but one, its mouth; a
+        drawer's region (which slides out from under its cabinet) is none."""
+        if place not in self._enclosures:
+            self._enclosures[place] = self._read_enclosure(place)
+        return self._enclosures[place]
+
+    def _read_enclosure(self, place: str) -> Enclosure | None:
+        if not self.is_site(place) or self.is_drawer(place):
+            return None
+        parent = getattr(self.env.object_states_dict[place], "parent_name", None)
+        if parent not in self.env.fixtures_dict:
+            return None
+        sim = self.env.sim
+        root = sim.model.body_name2id(self.env.get_object(parent).root_body)
+        geoms = self._fixture_geoms[sim.model.body_rootid[sim.model.geom_bodyid[self._fixture_geoms]] == root]
+        centre, half = geom_boxes(sim, geoms)
+        lo, hi, c = centre - half, centre + half, self.site(place)
+        hits = {}  # (axis, direction) -> (the nearest face's coordinate, that geom's index)
+        for axis in range(3):
+            across = [a for a in range(3) if a != axis]
+            on_ray = np.all((lo[:, across] <= c[across]) & (c[across] <= hi[:, across]), axis=1)
+            for direction, ahead, face in ((1, lo[:, axis] > c[axis], lo), (-1, hi[:, axis] < c[axis], hi)):
+                found = np.flatnonzero(on_ray & ahead)
+                if len(found):
+                    k = found[np.argmin(np.abs(face[found, axis] - c[axis]))]
+                    hits[axis, direction] = (face[k, axis], k)
+        mouths = [(a, d) for a in (0, 1) for d in (1, -1) if (a, d) not in hits]
+        if (2, 1) not in hits or (2, -1) not in hits or len(mouths) != 1:
+            return None
+        axis, out = mouths[0]
+        inward = np.zeros(3)
+        inward[axis] = -out
+        walls = [k for key, (_, k) in hits.items() if key != (axis, -out)]
+        # along `inward`, a box spans [min, max] of its two faces' coordinates times the sign
+        mouth = min(min(lo[k, axis] * -out, hi[k, axis] * -out) for k in walls)
+        back = hits[axis, -out][0] * -out
+        side = 1 - axis
+        middle = c.copy()
+        middle[side] = (hits[side, 1][0] + hits[side, -1][0]) / 2
+        return Enclosure(inward=inward, mouth=float(mouth), back=float(back), middle=middle,
+                         floor=float(hits[2, -1][0]))
+
+    def back_point(self, name: str, inward: np.ndarray) -> np.ndarray:
+        """Where the fingers take an object from behind (a mug's handle): `HANDLE_DEPTH` in from its
+        point farthest back along `inward`, at the middle of its points within `HANDLE_SLICE` of that."""
+        data = self.env.sim.data
+        body = self.env.sim.model.geom_bodyid[self.geoms[name][0]]
+        points = data.body_xpos[body] + self._hull[name] @ data.body_xmat[body].reshape(3, 3).T
+        u = points @ inward
+        near = points[u < u.min() + HANDLE_SLICE]
+        point = (near.min(0) + near.max(0)) / 2
+        return point + inward * (u.min() + HANDLE_DEPTH - point @ inward)
+
+    def hinge(self, name: str) -> int | None:
+        """A fixture's hinge joint (a door's), if its first joint is one."""
+        if name not in self.env.fixtures_dict or not self.env.get_object(name).joints:
+            return None
+        j, _ = self.joint(name)
+        return j if self.env.sim.model.jnt_type[j] == HINGE else None
+
     def pushable(self, name: str, c: ExpertConfig) -> bool:
         """Too wide for the fingers and too flat for a rim grasp (a plate): slid, not carried."""
         lo, hi = self.box(name)
@@ -244,6 +334,68 @@ def push_scene(r: SimReader, step: Step, eef: np.ndarray) -> PushScene:
                      object_top=float(hi[2]), place=place, floor=r.floor, boxes=boxes)
 
 
+def stage_point(r: SimReader, obj: str, enclosure: Enclosure, eef: np.ndarray) -> np.ndarray:
+    """Where `obj` is set down before it goes in (`place_point`'s convention: bounding-box centre xy,
+    bottom z): on the table in front of the mouth, across from the enclosure's middle, with the object
+    and the hand holding it `MOUTH_GAP` short of the mouth (a hand held along the mouth's axis reaches
+    10 cm past the object)."""
+    lo, hi = r.box(obj)
+    centre, u = (lo + hi) / 2, enclosure.inward
+    ahead = max(np.abs(hi - lo) @ np.abs(u) / 2, (eef - centre) @ u + hand_reach(r.yaw(), u, ExpertConfig()))
+    point = enclosure.middle + u * (enclosure.mouth - MOUTH_GAP - ahead - enclosure.middle @ u)
+    point[2] = r.floor + ON_ABOVE
+    return point
+
+
+def hand_reach(yaw: float, direction: np.ndarray, c: ExpertConfig) -> float:
+    """How far the hand, pointing down at `yaw`, reaches past the end effector along a horizontal direction."""
+    axis = finger_axis(yaw)
+    along = abs(axis @ direction[:2])
+    return c.hand_half_length * along + c.hand_half_width * np.sqrt(max(1.0 - along ** 2, 0.0))
+
+
+def stage_scene(r: SimReader, step: Step, eef: np.ndarray) -> Scene:
+    scene = pick_place_scene(r, step, eef)
+    return replace(scene, place=stage_point(r, step.target, r.enclosure(step.place), eef), place_half=None)
+
+
+def insert_scene(r: SimReader, step: Step, eef: np.ndarray) -> InsertScene:
+    """The object's body goes to the enclosure's middle (LIBERO's "in" tests the body), and as far in as
+    keeps its back `MOUTH_GAP` inside the mouth (where a door shuts) and its front off the back wall."""
+    e = r.enclosure(step.place)
+    lo, hi = r.box(step.target)
+    body = r.body(step.target)
+    u = e.inward
+    front, back = max(lo @ u, hi @ u) - body @ u, min(lo @ u, hi @ u) - body @ u
+    goal = max(min(e.middle @ u, e.back - MOUTH_GAP - front), e.mouth + MOUTH_GAP - back)
+    return InsertScene(eef=eef, rot=r.env.sim.data.get_site_xmat("gripper0_grip_site").copy(),
+                       handle=r.back_point(step.target, u), object_bottom=float(lo[2]), inward=u,
+                       floor=e.floor, depth=float(goal - body @ u))
+
+
+def door_scene(r: SimReader, step: Step, eef: np.ndarray) -> DoorScene:
+    """The door on the fixture's hinge: its panel (every colliding part on the hinge's body, the handle
+    too), which way it turns shut (toward the middle of LIBERO's closed range) and whether it is."""
+    sim, model = r.env.sim, r.env.sim.model
+    j = r.hinge(step.target)
+    geoms = np.flatnonzero((model.geom_bodyid == model.jnt_bodyid[j])
+                           & ((model.geom_contype > 0) | (model.geom_conaffinity > 0)))
+    corners = geom_corners(sim, geoms)
+    anchor, axis = sim.data.xanchor[j].copy(), sim.data.xaxis[j].copy()
+    radial = corners.mean(0) - anchor
+    radial[2] = 0.0
+    radial /= np.linalg.norm(radial)
+    shut = r.env.get_object(step.target).object_properties["articulation"]["default_close_ranges"]
+    q = float(sim.data.qpos[model.jnt_qposadr[j]])
+    closing = np.sign(np.mean(shut) - q) * np.cross(axis, radial)
+    rel = corners - anchor
+    hinge = anchor.copy()
+    hinge[2] = (corners[:, 2].min() + corners[:, 2].max()) / 2
+    return DoorScene(eef=eef, yaw=r.yaw(), hinge=hinge, radial=radial, closing=closing,
+                     width=float((rel @ radial).max()), face=float((rel @ closing).min()),
+                     top=float(corners[:, 2].max()), shut=r.holds("close", step.target))
+
+
 def drawer_scene(r: SimReader, step: Step, eef: np.ndarray) -> DrawerScene:
     """The drawer behind a region site: its slide joint, the handle (the colliding geom of the drawer
     reaching farthest out along the pull) and the travel left to LIBERO's open or closed range."""
@@ -271,6 +423,9 @@ SKILLS = {  # plan step -> (skill, the scene it reads)
     "push": (Push, push_scene),
     "open": (Drawer, drawer_scene),
     "close": (lambda c: Drawer(c, opening=False), drawer_scene),
+    "stage": (PickPlace, stage_scene),
+    "insert": (Insert, insert_scene),
+    "close_door": (CloseDoor, door_scene),
 }
 
 
@@ -288,7 +443,11 @@ class TaskExpert:
         goal = robosuite_env.parsed_problem["goal_state"]
         names = {a for predicate in goal for a in predicate[1:]}
         self.steps = plan(goal, closed=frozenset(n for n in names if r.closed(n)),
-                          pushable=frozenset(n for n in names if n in r.geoms and r.pushable(n, self.config)))
+                          pushable=frozenset(n for n in names if n in r.geoms and r.pushable(n, self.config)),
+                          enclosed=frozenset(n for n in names if r.enclosure(n) is not None))
+        # a hinged door is shut by `CloseDoor`, a drawer by `Drawer`
+        self.steps = [replace(s, skill="close_door") if s.skill == "close" and r.hinge(s.target) is not None else s
+                      for s in self.steps]
         self._i, self._skill = -1, None
         self._next()
 
@@ -299,8 +458,8 @@ class TaskExpert:
         self._skill = self._make(self.steps[self._i]) if self._i < len(self.steps) else None
 
     def _make(self, step: Step):
-        # a step no skill does yet (a hinged door: the microwave's) ends the expert there: it holds
-        # still and the episode fails, counted as failed like any other
+        # a step no skill does yet (opening a hinged door: it needs a pull on its handle) ends the expert
+        # there: it holds still and the episode fails, counted as failed like any other
         if step.skill in ("open", "close") and not self.reader.is_drawer(step.target):
             return None
         return SKILLS[step.skill][0](self.config)

@@ -4,8 +4,9 @@ from the scene comes in as plain sets).
 The goal is LIBERO's parsed conjunction, e.g. ``[["in", "akita_black_bowl_1",
 "wooden_cabinet_1_top_region"]]`` or ``[["turnon", "flat_stove_1"], ["on", "moka_pot_1",
 "flat_stove_1_cook_region"]]``. Each ``On``/``In`` becomes a pick-and-place (a push for objects too
-wide and flat to grasp, like a plate), preceded by opening the drawer or door the place is behind
-when it is not open; ``Open`` and ``TurnOn`` become their skills in the goal's order; ``Close`` goals
+wide and flat to grasp, like a plate; for a place under a roof, like a microwave's inside, a pick-and-place
+to the enclosure's mouth and an insert from the side), preceded by opening the drawer or door the place
+is behind when it is not open; ``Open`` and ``TurnOn`` become their skills in the goal's order; ``Close`` goals
 come last, after everything that had to go inside. Objects put on one region go side by side.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from heisd.errors import UsageError
 
-SKILLS = ("pick_place", "push", "open", "close", "turn_on")
+SKILLS = ("pick_place", "push", "stage", "insert", "open", "close", "turn_on")
 PLACE_RELATIONS = ("on", "in")
 
 
@@ -30,9 +31,10 @@ class Step:
 
 
 def plan(goal: list[list[str]], closed: frozenset[str] = frozenset(),
-         pushable: frozenset[str] = frozenset()) -> list[Step]:
+         pushable: frozenset[str] = frozenset(), enclosed: frozenset[str] = frozenset()) -> list[Step]:
     """The steps that reach `goal`. `closed`: places behind a closed drawer or door now;
-    `pushable`: objects the fingers cannot take, slid instead."""
+    `pushable`: objects the fingers cannot take, slid instead; `enclosed`: places under a roof too
+    low for a hand that holds an object from above."""
     steps: list[Step] = []
     last: list[Step] = []
     opened: set[str] = set()
@@ -43,7 +45,10 @@ def plan(goal: list[list[str]], closed: frozenset[str] = frozenset(),
             if place in closed and place not in opened:
                 steps.append(Step("open", place))
                 opened.add(place)
-            steps.append(Step("push" if obj in pushable else "pick_place", obj, place, name))
+            if place in enclosed:
+                steps += [Step("stage", obj, place, name), Step("insert", obj, place, name)]
+            else:
+                steps.append(Step("push" if obj in pushable else "pick_place", obj, place, name))
         elif name == "open" and len(args) == 1:
             if args[0] not in opened:
                 steps.append(Step("open", args[0]))

@@ -197,6 +197,18 @@ def approach_height(s: Scene, grasp: np.ndarray, c: ExpertConfig) -> float:
     return float(np.max(tops, initial=s.object_top + c.hover))
 
 
+def transit_height(s: Scene, goal: np.ndarray, c: ExpertConfig) -> float:
+    """Lowest end-effector height on the way over to `goal` (xy) that keeps the hanging fingers over what
+    stands within the hand's reach of the path but not near the goal (`approach_height` sees to that):
+    coming down on the way, the fingers swept an open microwave door shut."""
+    start, seg = s.eef[:2], goal[:2] - s.eef[:2]
+    xy, radius = s.obstacles[:, :2], s.obstacles[:, 2]
+    t = np.clip((xy - start) @ seg / max(seg @ seg, 1e-12), 0.0, 1.0)
+    on_path = np.hypot(*(xy - start - t[:, None] * seg).T) < c.hand_half_length + radius
+    away = np.hypot(*(xy - goal[:2]).T) > c.hand_half_length + radius
+    return float(np.max(s.obstacles[on_path & away, 3] + c.clearance + c.finger_half, initial=-np.inf))
+
+
 def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
     """Too wide for the open fingers either way (a bowl): the fingers take its wall instead."""
     return bool(2 * object_half.min() > c.rim_width)
@@ -330,7 +342,8 @@ class PickPlace:
     def _target(self, s: Scene) -> np.ndarray:
         c = self.config
         if self.phase is Phase.ABOVE:
-            return np.array([self._grasp[0], self._grasp[1], approach_height(s, self._grasp, c)])
+            z = max(approach_height(s, self._grasp, c), transit_height(s, self._grasp, c))
+            return np.array([self._grasp[0], self._grasp[1], z])
         if self.phase in (Phase.DESCEND, Phase.CLOSE):
             return self._grasp
         if self.phase is Phase.LIFT:
