@@ -5,8 +5,8 @@ a microwave's cavity is 14 cm high and its mug 10.5 cm. So the object goes in fr
 `PickPlace` first sets it down at the enclosure's mouth (the plan's ``stage`` step), then `Insert`
 takes the part of it farthest from the mouth (a mug's handle) with the hand pointing in and
 down, lifts it over the enclosure's floor and slides it in: only the finger tips pass the mouth.
-`CloseDoor` swings a hinged door shut by pushing its outer face with the side of the hand, which
-follows the door's arc. Both read what `heisd.benchmarks.libero_experts` reads from the simulator.
+`SwingDoor` turns a hinged door by pushing one face of it with the side of the hand, which follows
+the door's arc: shut, or wider open first where the open door stands in the hand's way. Both read what `heisd.benchmarks.libero_experts` reads from the simulator.
 """
 
 from __future__ import annotations
@@ -144,30 +144,30 @@ class Insert:
 
 @dataclass(frozen=True)
 class DoorScene:
-    """What `CloseDoor` reads: the door's hinge and where its panel is now (world frame, metres)."""
+    """What `SwingDoor` reads: the door's hinge and where its panel is now (world frame, metres)."""
 
     eef: np.ndarray  # (3,)
     yaw: float  # finger axis angle about +z from the world y axis, rad
     hinge: np.ndarray  # (3,) a point on the hinge's (vertical) axis, at the door's middle height
     radial: np.ndarray  # (3,) horizontal unit vector from the hinge along the panel
-    closing: np.ndarray  # (3,) horizontal unit vector the panel moves along as it closes (at `radial`)
+    closing: np.ndarray  # (3,) horizontal unit vector the panel moves along as it turns the wanted way (at `radial`)
     width: float  # the panel's extent from the hinge, m
-    face: float  # the outer face's offset from the hinge along `closing` (negative: behind it), m
+    face: float  # the pushed face's offset from the hinge along `closing` (negative: behind it), m
     top: float  # highest z of the door, m
-    shut: bool  # the simulator says the door is closed
+    there: bool  # the door is where the step wants it (the simulator says it is closed, or it is open wide)
 
 
 class DoorPhase(enum.Enum):
-    ABOVE = "above"  # over the point behind the panel's outer face, fingers closed
+    ABOVE = "above"  # over the point behind the pushed face, fingers closed
     DOWN = "down"  # down beside the panel
-    PUSH = "push"  # along the door's arc until it is shut
+    PUSH = "push"  # along the door's arc until it is there
     BACK = "back"  # away from the door and up
 
 
 @dataclass
-class CloseDoor:
-    """Swing a hinged door shut: the closed hand goes down behind the panel's outer face and pushes it
-    with its side, its finger axis along the panel, following the arc a little ahead of the panel."""
+class SwingDoor:
+    """Swing a hinged door: the closed hand goes down behind the face to push and pushes it with its
+    side, its finger axis along the panel, following the arc a little ahead of the panel."""
 
     config: ExpertConfig = ExpertConfig()
     radius: float = 0.5  # where along the panel the hand pushes, as a fraction of its width
@@ -177,7 +177,7 @@ class CloseDoor:
     phase: DoorPhase = DoorPhase.ABOVE
     done: bool = False
     _count: int = 0
-    _back: np.ndarray | None = field(default=None, repr=False)  # where the hand goes when the door is shut
+    _back: np.ndarray | None = field(default=None, repr=False)  # where the hand goes when the door is there
 
     def act(self, s: DoorScene) -> np.ndarray:
         self._advance(s)
@@ -204,7 +204,7 @@ class CloseDoor:
             self.phase = DoorPhase.DOWN
         elif self.phase is DoorPhase.DOWN and reached():
             self.phase = DoorPhase.PUSH
-        elif self.phase is DoorPhase.PUSH and s.shut:
+        elif self.phase is DoorPhase.PUSH and s.there:
             self.phase, self._count = DoorPhase.BACK, 0
             self._back = s.eef - s.closing * self.gap + UP * (s.top + c.hover - s.eef[2])
         elif self.phase is DoorPhase.BACK:

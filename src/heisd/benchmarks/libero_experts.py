@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.spatial import ConvexHull
 
-from heisd.benchmarks.libero_enclosure import CloseDoor, DoorScene, Insert, InsertScene
+from heisd.benchmarks.libero_enclosure import DoorScene, Insert, InsertScene, SwingDoor
 from heisd.benchmarks.libero_plan import Step, plan
 from heisd.benchmarks.libero_protocol import SUITES
 from heisd.benchmarks.libero_skills import (
@@ -44,6 +44,8 @@ MOUTH_GAP = 0.01  # a staged object and the hand holding it stop this far before
 HANDLE_DEPTH = 0.008  # the fingers take an object's back this far in from its farthest point, m
 HANDLE_SLICE = 0.015  # ... and centre on its points within this of that farthest point, m
 HINGE = 3  # mujoco.mjtJoint.mjJNT_HINGE
+WIDE_MARGIN = 0.1  # a door swung wide stops this far short of its joint's limit, rad
+IN_FRONT = 0.3  # the hand works this far in front of an enclosure's mouth, m
 
 
 def check_expert_suite(suite: str) -> None:
@@ -373,27 +375,63 @@ def insert_scene(r: SimReader, step: Step, eef: np.ndarray) -> InsertScene:
                        floor=e.floor, depth=float(goal - body @ u))
 
 
-def door_scene(r: SimReader, step: Step, eef: np.ndarray) -> DoorScene:
-    """The door on the fixture's hinge: its panel (every colliding part on the hinge's body, the handle
-    too), which way it turns shut (toward the middle of LIBERO's closed range) and whether it is."""
-    sim, model = r.env.sim, r.env.sim.model
-    j = r.hinge(step.target)
+def door_corners(r: SimReader, j: int) -> np.ndarray:
+    """The corners of every colliding part on a hinge's body (the panel and its handle)."""
+    model = r.env.sim.model
     geoms = np.flatnonzero((model.geom_bodyid == model.jnt_bodyid[j])
                            & ((model.geom_contype > 0) | (model.geom_conaffinity > 0)))
-    corners = geom_corners(sim, geoms)
+    return geom_corners(r.env.sim, geoms)
+
+
+def wide_open(r: SimReader, door: str) -> float:
+    """The hinge angle of a door swung wide: `WIDE_MARGIN` short of its joint's limit on the open side."""
+    model = r.env.sim.model
+    j = r.hinge(door)
+    opened = r.env.get_object(door).object_properties["articulation"]["default_open_ranges"]
+    shut = r.env.get_object(door).object_properties["articulation"]["default_close_ranges"]
+    low, high = model.jnt_range[j]
+    return low + WIDE_MARGIN if np.mean(opened) < np.mean(shut) else high - WIDE_MARGIN
+
+
+def door_in_the_way(r: SimReader, place: str) -> str | None:
+    """The enclosure's hinged door, if part of it stands where the hand works in front of the mouth:
+    within `hand_half_length` of the line the object goes in along (the hand lies across it)."""
+    e = r.enclosure(place)
+    door = getattr(r.env.object_states_dict[place], "parent_name", None) if e is not None else None
+    if door is None or r.hinge(door) is None:
+        return None
+    corners = door_corners(r, r.hinge(door))
+    side = np.array([-e.inward[1], e.inward[0], 0.0])
+    along = corners @ e.inward
+    beside = np.abs((corners - e.middle) @ side) < ExpertConfig().hand_half_length + ExpertConfig().clearance
+    return door if bool(np.any(beside & (along < e.mouth) & (along > e.mouth - IN_FRONT))) else None
+
+
+def door_scene(r: SimReader, step: Step, eef: np.ndarray) -> DoorScene:
+    """The door on the fixture's hinge: its panel (every colliding part on the hinge's body, the handle
+    too), which way it turns (shut: toward the middle of LIBERO's closed range; wide: toward
+    `wide_open`) and whether it is there."""
+    sim, model = r.env.sim, r.env.sim.model
+    j = r.hinge(step.target)
+    corners = door_corners(r, j)
     anchor, axis = sim.data.xanchor[j].copy(), sim.data.xaxis[j].copy()
     radial = corners.mean(0) - anchor
     radial[2] = 0.0
     radial /= np.linalg.norm(radial)
-    shut = r.env.get_object(step.target).object_properties["articulation"]["default_close_ranges"]
     q = float(sim.data.qpos[model.jnt_qposadr[j]])
-    closing = np.sign(np.mean(shut) - q) * np.cross(axis, radial)
+    if step.skill == "close_door":
+        goal = np.mean(r.env.get_object(step.target).object_properties["articulation"]["default_close_ranges"])
+        there = r.holds("close", step.target)
+    else:
+        goal = wide_open(r, step.target)
+        there = (q - goal) * np.sign(goal) >= 0  # as far as that or farther
+    closing = np.sign(goal - q) * np.cross(axis, radial)
     rel = corners - anchor
     hinge = anchor.copy()
     hinge[2] = (corners[:, 2].min() + corners[:, 2].max()) / 2
     return DoorScene(eef=eef, yaw=r.yaw(), hinge=hinge, radial=radial, closing=closing,
                      width=float((rel @ radial).max()), face=float((rel @ closing).min()),
-                     top=float(corners[:, 2].max()), shut=r.holds("close", step.target))
+                     top=float(corners[:, 2].max()), there=bool(there))
 
 
 def drawer_scene(r: SimReader, step: Step, eef: np.ndarray) -> DrawerScene:
@@ -425,7 +463,8 @@ SKILLS = {  # plan step -> (skill, the scene it reads)
     "close": (lambda c: Drawer(c, opening=False), drawer_scene),
     "stage": (PickPlace, stage_scene),
     "insert": (Insert, insert_scene),
-    "close_door": (CloseDoor, door_scene),
+    "close_door": (SwingDoor, door_scene),
+    "widen_door": (SwingDoor, door_scene),
 }
 
 
@@ -445,11 +484,18 @@ class TaskExpert:
         self.steps = plan(goal, closed=frozenset(n for n in names if r.closed(n)),
                           pushable=frozenset(n for n in names if n in r.geoms and r.pushable(n, self.config)),
                           enclosed=frozenset(n for n in names if r.enclosure(n) is not None))
-        # a hinged door is shut by `CloseDoor`, a drawer by `Drawer`
-        self.steps = [replace(s, skill="close_door") if s.skill == "close" and r.hinge(s.target) is not None else s
-                      for s in self.steps]
+        self.steps = [step for s in self.steps for step in self._door_steps(s)]
         self._i, self._skill = -1, None
         self._next()
+
+    def _door_steps(self, step: Step) -> list[Step]:
+        """A hinged door is shut by `SwingDoor` (a drawer by `Drawer`); an open door that stands where the
+        hand works in front of its enclosure's mouth is swung wide before the object is staged there."""
+        r = self.reader
+        if step.skill == "close" and r.hinge(step.target) is not None:
+            return [replace(step, skill="close_door")]
+        door = door_in_the_way(r, step.place) if step.skill == "stage" else None
+        return [Step("widen_door", door), step] if door is not None else [step]
 
     def _next(self) -> None:
         self._i += 1
