@@ -200,7 +200,9 @@ class SwingDoor:
     def _advance(self, s: DoorScene) -> None:
         c = self.config
         reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
-        if self.phase is DoorPhase.ABOVE and reached() and abs(self._yaw_error(s)) < c.yaw_tolerance:
+        if self.phase is DoorPhase.ABOVE and s.there:  # nothing to push
+            self.done = True
+        elif self.phase is DoorPhase.ABOVE and reached() and abs(self._yaw_error(s)) < c.yaw_tolerance:
             self.phase = DoorPhase.DOWN
         elif self.phase is DoorPhase.DOWN and reached():
             self.phase = DoorPhase.PUSH

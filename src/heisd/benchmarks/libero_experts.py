@@ -383,14 +383,13 @@ def door_corners(r: SimReader, j: int) -> np.ndarray:
     return geom_corners(r.env.sim, geoms)
 
 
-def wide_open(r: SimReader, door: str) -> float:
-    """The hinge angle of a door swung wide: `WIDE_MARGIN` short of its joint's limit on the open side."""
-    model = r.env.sim.model
-    j = r.hinge(door)
-    opened = r.env.get_object(door).object_properties["articulation"]["default_open_ranges"]
-    shut = r.env.get_object(door).object_properties["articulation"]["default_close_ranges"]
-    low, high = model.jnt_range[j]
-    return low + WIDE_MARGIN if np.mean(opened) < np.mean(shut) else high - WIDE_MARGIN
+def wide_open(r: SimReader, door: str) -> tuple[float, float]:
+    """The hinge angle of a door swung wide, `WIDE_MARGIN` short of its joint's limit on the open side,
+    and that side (+1: the angle grows as the door opens)."""
+    ranges = r.env.get_object(door).object_properties["articulation"]
+    side = float(np.sign(np.mean(ranges["default_open_ranges"]) - np.mean(ranges["default_close_ranges"])))
+    low, high = r.env.sim.model.jnt_range[r.hinge(door)]
+    return (high - WIDE_MARGIN if side > 0 else low + WIDE_MARGIN), side
 
 
 def door_in_the_way(r: SimReader, place: str) -> str | None:
@@ -423,8 +422,8 @@ def door_scene(r: SimReader, step: Step, eef: np.ndarray) -> DoorScene:
         goal = np.mean(r.env.get_object(step.target).object_properties["articulation"]["default_close_ranges"])
         there = r.holds("close", step.target)
     else:
-        goal = wide_open(r, step.target)
-        there = (q - goal) * np.sign(goal) >= 0  # as far as that or farther
+        goal, side = wide_open(r, step.target)
+        there = (q - goal) * side >= 0  # as far open as that or farther
     closing = np.sign(goal - q) * np.cross(axis, radial)
     rel = corners - anchor
     hinge = anchor.copy()
