@@ -1,8 +1,9 @@
 """Scripted experts for the LIBERO suites, composed per task from its BDDL goal.
 
 `heisd.benchmarks.libero_plan` turns the goal (``On``, ``In``, ``Open``, ``Close``, ``TurnOn``)
-into steps; each step runs one skill of `heisd.benchmarks.libero_skills` on what `SimReader` reads
-from the simulator each step (end effector, the objects' bounding boxes, sites, fixture joints).
+into steps; each step runs one skill of `heisd.benchmarks.libero_skills` (or, for a place under a
+roof and its hinged door, of `heisd.benchmarks.libero_enclosure`) on what `SimReader` reads from the
+simulator each step (end effector, the objects' bounding boxes, sites, fixture joints).
 A step whose predicate already holds when it starts (a stove already on) is skipped. See
 BENCHMARKS.md sections 7 (LIBERO-Object) and 12 (the other suites) for what each expert needed.
 """
