@@ -95,16 +95,24 @@ def test_swing_door_pushes_from_behind_the_face_along_the_arc():
     assert fresh.done
 
 
-def test_transit_keeps_the_fingers_over_what_stands_on_the_way_not_at_the_goal():
+def test_transit_keeps_the_fingers_over_what_stands_on_the_way_until_over_the_goal():
+    """On the way the fingers stay over everything within the hand's reach of the path (a door on the way,
+    a carton beside the goal); over the goal `approach_height` alone lets them down."""
     c = ExpertConfig()
     goal = np.array([0.3, 0.0, 1.0])
-    door = np.array([[0.15, 0.05, 0.02, 1.1]])  # on the path, far from the goal
-    neighbour = np.array([[0.32, 0.0, 0.03, 1.2]])  # beside the goal: `approach_height`'s business
+    door = np.array([[0.15, 0.05, 0.02, 1.1]])  # on the path
+    carton = np.array([[0.32, 0.05, 0.03, 1.2]])  # beside the goal
     aside = np.array([[0.15, 0.4, 0.02, 1.3]])  # off the path
-    scene = lambda obstacles: Scene(eef=np.array([0.0, 0.0, 1.2]), object_center=goal, object_bottom=0.9,  # noqa: E731
-                                    object_top=1.0, place=goal, obstacles=obstacles)
-    assert transit_height(scene(door), goal, c) == pytest.approx(1.1 + c.clearance + c.finger_half)
-    assert transit_height(scene(np.concatenate([neighbour, aside])), goal, c) == -np.inf
+
+    def height(eef, obstacles):
+        scene = Scene(eef=np.asarray(eef), object_center=goal, object_bottom=0.9, object_top=1.0, place=goal,
+                      obstacles=obstacles)
+        return transit_height(scene, goal, c)
+
+    assert height([0.0, 0.0, 1.2], door) == pytest.approx(1.1 + c.clearance + c.finger_half)
+    assert height([0.0, 0.0, 1.2], np.concatenate([carton, aside])) == pytest.approx(1.2 + c.clearance + c.finger_half)
+    assert height([0.0, 0.0, 1.2], aside) == -np.inf
+    assert height([0.305, 0.0, 1.2], np.concatenate([door, carton])) == -np.inf  # over the goal
 
 
 def test_enclosure_of_the_microwave(microwave):

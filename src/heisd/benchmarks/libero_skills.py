@@ -199,14 +199,16 @@ def approach_height(s: Scene, grasp: np.ndarray, c: ExpertConfig) -> float:
 
 def transit_height(s: Scene, goal: np.ndarray, c: ExpertConfig) -> float:
     """Lowest end-effector height on the way over to `goal` (xy) that keeps the hanging fingers over what
-    stands within the hand's reach of the path but not near the goal (`approach_height` sees to that):
-    coming down on the way, the fingers swept an open microwave door shut."""
+    stands within the hand's reach of the path, until the hand is over the goal (then `approach_height`
+    lets them down between the neighbours): coming down on the way, the fingers swept an open microwave
+    door shut and knocked over a milk carton beside the cream cheese."""
     start, seg = s.eef[:2], goal[:2] - s.eef[:2]
+    if np.linalg.norm(seg) < 2 * c.tolerance:
+        return -np.inf
     xy, radius = s.obstacles[:, :2], s.obstacles[:, 2]
     t = np.clip((xy - start) @ seg / max(seg @ seg, 1e-12), 0.0, 1.0)
     on_path = np.hypot(*(xy - start - t[:, None] * seg).T) < c.hand_half_length + radius
-    away = np.hypot(*(xy - goal[:2]).T) > c.hand_half_length + radius
-    return float(np.max(s.obstacles[on_path & away, 3] + c.clearance + c.finger_half, initial=-np.inf))
+    return float(np.max(s.obstacles[on_path, 3] + c.clearance + c.finger_half, initial=-np.inf))
 
 
 def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
