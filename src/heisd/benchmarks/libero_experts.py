@@ -47,6 +47,7 @@ HANDLE_SLICE = 0.015  # ... and centre on its points within this of that farthes
 HINGE = 3  # mujoco.mjtJoint.mjJNT_HINGE
 WIDE_MARGIN = 0.1  # a door swung wide stops this far short of its joint's limit, rad
 IN_FRONT = 0.3  # the hand works this far in front of an enclosure's mouth, m
+HAND = ExpertConfig()  # the hand's size, for the scenes (the skills' own settings come with each skill)
 
 
 def check_expert_suite(suite: str) -> None:
@@ -344,7 +345,7 @@ def stage_point(r: SimReader, obj: str, enclosure: Enclosure, eef: np.ndarray) -
     10 cm past the object)."""
     lo, hi = r.box(obj)
     centre, u = (lo + hi) / 2, enclosure.inward
-    ahead = max(np.abs(hi - lo) @ np.abs(u) / 2, (eef - centre) @ u + hand_reach(r.yaw(), u, ExpertConfig()))
+    ahead = max(np.abs(hi - lo) @ np.abs(u) / 2, (eef - centre) @ u + hand_reach(r.yaw(), u, HAND))
     point = enclosure.middle + u * (enclosure.mouth - MOUTH_GAP - ahead - enclosure.middle @ u)
     point[2] = r.floor + ON_ABOVE
     return point
@@ -393,7 +394,7 @@ def wide_open(r: SimReader, door: str) -> tuple[float, float]:
     return (high - WIDE_MARGIN if side > 0 else low + WIDE_MARGIN), side
 
 
-def door_in_the_way(r: SimReader, place: str) -> str | None:
+def door_in_the_way(r: SimReader, place: str, c: ExpertConfig) -> str | None:
     """The enclosure's hinged door, if part of it stands where the hand works in front of the mouth:
     within `hand_half_length` of the line the object goes in along (the hand lies across it)."""
     e = r.enclosure(place)
@@ -403,7 +404,7 @@ def door_in_the_way(r: SimReader, place: str) -> str | None:
     corners = door_corners(r, r.hinge(door))
     side = np.array([-e.inward[1], e.inward[0], 0.0])
     along = corners @ e.inward
-    beside = np.abs((corners - e.middle) @ side) < ExpertConfig().hand_half_length + ExpertConfig().clearance
+    beside = np.abs((corners - e.middle) @ side) < c.hand_half_length + c.clearance
     return door if bool(np.any(beside & (along < e.mouth) & (along > e.mouth - IN_FRONT))) else None
 
 
@@ -494,7 +495,7 @@ class TaskExpert:
         r = self.reader
         if step.skill == "close" and r.hinge(step.target) is not None:
             return [replace(step, skill="close_door")]
-        door = door_in_the_way(r, step.place) if step.skill == "stage" else None
+        door = door_in_the_way(r, step.place, self.config) if step.skill == "stage" else None
         return [Step("widen_door", door), step] if door is not None else [step]
 
     def _next(self) -> None:

@@ -4,10 +4,11 @@ from the scene comes in as plain sets).
 The goal is LIBERO's parsed conjunction, e.g. ``[["in", "akita_black_bowl_1",
 "wooden_cabinet_1_top_region"]]`` or ``[["turnon", "flat_stove_1"], ["on", "moka_pot_1",
 "flat_stove_1_cook_region"]]``. Each ``On``/``In`` becomes a pick-and-place (a push for objects too
-wide and flat to grasp, like a plate; for a place under a roof, like a microwave's inside, a pick-and-place
-to the enclosure's mouth and an insert from the side), preceded by opening the drawer or door the place
-is behind when it is not open; ``Open`` and ``TurnOn`` become their skills in the goal's order; ``Close`` goals
-come last, after everything that had to go inside. Objects put on one region go side by side.
+wide and flat to grasp, like a plate; for a place under a roof, like a microwave's inside, a
+pick-and-place to the enclosure's mouth, then an insert from the side), preceded by opening the
+drawer or door the place is behind when it is not open; ``Open`` and ``TurnOn`` become their skills
+in the goal's order; ``Close`` goals come last, after everything that had to go inside. Objects put
+on one region go side by side.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ PLACE_RELATIONS = ("on", "in")
 
 @dataclass(frozen=True)
 class Step:
-    skill: str  # one of SKILLS
+    skill: str  # one of SKILLS (`TaskExpert` makes a hinged door's close "close_door" and may add "widen_door")
     target: str  # the object moved, or the articulated region/fixture worked
     place: str | None = None  # pick_place/push: the object or region it ends on or in
     relation: str | None = None  # pick_place/push: "on" or "in"
