@@ -68,7 +68,7 @@ class Insert:
 
     config: ExpertConfig = ExpertConfig()
     # the fingers point in and this far down: level, the wrist met the table 9 cm above the handle;
-    # tilted, the tips still pass the mouth first and the hand's body stays out under its roof
+    # tilted, the tips still pass the mouth first and the hand's body stays out from under its roof
     pitch: float = np.pi / 4
     standoff: float = 0.06  # the hand's distance back along the fingers from the handle before reaching for it, m
     above: float = 0.08  # ... and its height above that while turning, m
