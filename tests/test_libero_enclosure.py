@@ -182,3 +182,21 @@ def test_door_turns_the_way_its_scene_says(microwave):
         sim.forward()
     steps = [s.skill for s in TaskExpert(microwave.simulator).steps]
     assert steps in (["stage", "insert", "close_door"], ["widen_door", "stage", "insert", "close_door"])
+
+
+def test_stage_point_leaves_the_object_and_the_hand_short_of_the_mouth(microwave):
+    """Held 4 cm off its centre toward the mouth by a hand along the mouth's axis (yaw 0: the finger axis
+    along y), the mug is set down so that the hand's far end, not the mug, stops `MOUTH_GAP` short."""
+    from heisd.benchmarks.libero_experts import HAND, MOUTH_GAP, ON_ABOVE, SimReader, stage_point
+
+    reader = SimReader(microwave.simulator)
+    e = reader.enclosure(REGION)
+    lo, hi = reader.box(MUG)
+    centre = (lo + hi) / 2
+    assert abs(reader.yaw()) < 1e-3  # the hand starts pointing down at yaw 0
+    held_at = centre + np.array([0.0, 0.04, 0.1])
+    point = stage_point(reader, MUG, e, held_at)
+    assert point[1] == pytest.approx(e.mouth - MOUTH_GAP - 0.04 - HAND.hand_half_length, abs=2e-3)
+    assert point[0] == pytest.approx(e.middle[0]) and point[2] == pytest.approx(reader.floor + ON_ABOVE)
+    far_back = stage_point(reader, MUG, e, centre - np.array([0.0, 0.2, 0.0]))  # the hand far behind
+    assert far_back[1] == pytest.approx(e.mouth - MOUTH_GAP - (hi[1] - lo[1]) / 2)  # the mug's own front
