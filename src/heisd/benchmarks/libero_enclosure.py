@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from heisd.benchmarks.libero_skills import ExpertConfig, _angle, _move, _tick, rotation, rotation_error
+from heisd.benchmarks.libero_skills import (
+    ExpertConfig, _angle, _move, _tick, oriented, rotation, rotation_error, turn_action,
+)
 
 UP = np.array([0.0, 0.0, 1.0])
 
@@ -91,11 +93,11 @@ class Insert:
         holding = self.phase in (InsertPhase.GRIP, InsertPhase.LIFT, InsertPhase.SLIDE)
         action = _move(self.config, self._target(s), s.eef, 0.0, 1.0 if holding else -1.0)
         target_rot = self._home if self.phase is InsertPhase.UP else self._work
-        action[3:6] = np.clip(self.rot_gain * rotation_error(target_rot, s.rot), -1.0, 1.0)
+        action[3:6] = turn_action(target_rot, s.rot, self.rot_gain)
         return action
 
     def _rot_ok(self, s: InsertScene, target: np.ndarray) -> bool:
-        return bool(np.linalg.norm(rotation_error(target, s.rot)) < self.rot_tolerance)
+        return oriented(target, s.rot, self.rot_tolerance)
 
     def _lift(self, s: InsertScene) -> float:
         """How far the object's bottom is still below where it slides."""

@@ -11,6 +11,7 @@ BENCHMARKS.md sections 7 (LIBERO-Object) and 12 (the other suites) for what each
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 from scipy.spatial import ConvexHull
@@ -306,13 +307,18 @@ def region_half(r: SimReader, place: str) -> np.ndarray | None:
     return (np.abs(r.env.sim.data.get_site_xmat(place)) @ size)[:2]
 
 
-def pick_place_scene(r: SimReader, step: Step, eef: np.ndarray) -> Scene:
+def pick_place_scene(r: SimReader, step: Step, eef: np.ndarray, staged: bool = False) -> Scene:
+    """`staged`: the object goes to the table in front of its enclosure's mouth (`stage_point`), not its place."""
     lo, hi = r.box(step.target)
-    place = place_point(r, step.target, step.place, step.relation, step.slot, step.slots)
+    if staged:
+        place, place_half = stage_point(r, step.target, r.enclosure(step.place), eef), None
+    else:
+        place = place_point(r, step.target, step.place, step.relation, step.slot, step.slots)
+        place_half = region_half(r, step.place)
     return Scene(eef=eef, object_center=(lo + hi) / 2, object_bottom=float(lo[2]), object_top=float(hi[2]),
                  place=place, yaw=r.yaw(),
                  object_half=(hi[:2] - lo[:2]) / 2, obstacles=r.obstacles(step.target, step.place),
-                 floor=r.floor, place_half=region_half(r, step.place))
+                 floor=r.floor, place_half=place_half)
 
 
 def knob_scene(r: SimReader, step: Step, eef: np.ndarray) -> KnobScene:
@@ -356,11 +362,6 @@ def hand_reach(yaw: float, direction: np.ndarray, c: ExpertConfig) -> float:
     axis = finger_axis(yaw)
     along = abs(axis @ direction[:2])
     return c.hand_half_length * along + c.hand_half_width * np.sqrt(max(1.0 - along ** 2, 0.0))
-
-
-def stage_scene(r: SimReader, step: Step, eef: np.ndarray) -> Scene:
-    scene = pick_place_scene(r, step, eef)
-    return replace(scene, place=stage_point(r, step.target, r.enclosure(step.place), eef), place_half=None)
 
 
 def insert_scene(r: SimReader, step: Step, eef: np.ndarray) -> InsertScene:
@@ -462,7 +463,7 @@ SKILLS = {  # plan step -> (skill, the scene it reads)
     "push": (Push, push_scene),
     "open": (Drawer, drawer_scene),
     "close": (lambda c: Drawer(c, opening=False), drawer_scene),
-    "stage": (PickPlace, stage_scene),
+    "stage": (PickPlace, partial(pick_place_scene, staged=True)),
     "insert": (Insert, insert_scene),
     "close_door": (SwingDoor, door_scene),
     "widen_door": (SwingDoor, door_scene),

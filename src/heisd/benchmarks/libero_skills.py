@@ -637,6 +637,16 @@ def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
     return axis * angle
 
 
+def turn_action(target: np.ndarray, current: np.ndarray, gain: float) -> np.ndarray:
+    """OSC_POSE's rotation deltas toward `target`: `gain` per radian of error, clipped to [-1, 1]."""
+    return np.clip(gain * rotation_error(target, current), -1.0, 1.0)
+
+
+def oriented(target: np.ndarray, current: np.ndarray, tolerance: float) -> bool:
+    """The hand's orientation `current` is within `tolerance` rad of `target`."""
+    return bool(np.linalg.norm(rotation_error(target, current)) < tolerance)
+
+
 @dataclass(frozen=True)
 class DrawerScene:
     """What `Drawer` reads: the hand's pose, the drawer's handle and how far the drawer still has to go."""
@@ -704,11 +714,11 @@ class Drawer:
         target_rot = self._home if self.phase is DrawerPhase.BACK else self._work
         gripper = 1.0 if self.phase in (DrawerPhase.GRIP, DrawerPhase.MOVE) or not self.opening else -1.0
         action = _move(c, self._target(s), s.eef, 0.0, gripper)
-        action[3:6] = np.clip(self.rot_gain * rotation_error(target_rot, s.rot), -1.0, 1.0)
+        action[3:6] = turn_action(target_rot, s.rot, self.rot_gain)
         return action
 
     def _rot_ok(self, s: DrawerScene, target: np.ndarray) -> bool:
-        return bool(np.linalg.norm(rotation_error(target, s.rot)) < self.rot_tolerance)
+        return oriented(target, s.rot, self.rot_tolerance)
 
     def _advance(self, s: DrawerScene) -> None:
         c = self.config
