@@ -149,10 +149,12 @@ def test_target_defaults_to_the_benchmarks_shipped_one():
     from heisd.commands.runner import build_parser
 
     parser, _ = build_parser("eval")
-    for benchmark, path in (("mw", "checkpoints/vla"), ("libero_object", "checkpoints/libero_object/vla")):
+    for benchmark, path in (("mw", "checkpoints/vla"), ("libero_object", "checkpoints/libero_object/vla"),
+                            ("libero_spatial", "checkpoints/libero_spatial/vla")):
         args = parser.parse_args(["eval", "--benchmark", benchmark, "--out", "x"])
         shipped_target(args)
         assert args.target == path
+        assert (ROOT / path / "config.json").is_file(), f"{path} is not shipped"
     args = parser.parse_args(["eval", "--benchmark", "libero_object", "--target", "mine", "--out", "x"])
     shipped_target(args)
     assert args.target == "mine"  # a given --target is never replaced
