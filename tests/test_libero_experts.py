@@ -87,6 +87,26 @@ def test_expert_phases_on_synthetic_poses():
     assert expert.phase is Phase.ABOVE and a[-1] == -1.0
 
 
+def test_labels_carry_an_object_another_hand_lifted():
+    """DAgger: the target grasped and lifted the object while the labelling expert still waited for the hand
+    at its approach point; from the lift on the labels carry it (gripper closed), never "open, go back over
+    where it stood". An object risen with the hand elsewhere is not in the hand."""
+    obj = np.array([0.05, -0.10, 0.04])
+    expert = PickPlace()
+    a = expert.act(_scene([0.05, -0.10, 0.05], obj))  # at the grasp point, never at the approach point
+    assert expert.phase is Phase.ABOVE and a[-1] == -1.0
+    a = expert.act(_scene([0.05, -0.10, 0.07], obj + [0.0, 0.0, 0.015]))  # less than `lifted` up: not yet
+    assert expert.phase is Phase.ABOVE and a[-1] == -1.0
+    a = expert.act(_scene([0.05, -0.10, 0.08], obj + [0.0, 0.0, 0.03]))
+    assert expert.phase is Phase.LIFT and a[-1] == 1.0 and a[2] > 0
+    a = expert.act(_scene([0.05, -0.10, 0.10], obj + [0.0, 0.0, 0.05]))
+    assert expert.phase is Phase.LIFT and a[-1] == 1.0  # it moves with the hand: held
+    elsewhere = PickPlace()
+    elsewhere.act(_scene([-0.15, 0.0, 0.25], obj))
+    a = elsewhere.act(_scene([-0.15, 0.0, 0.25], obj + [0.0, 0.0, 0.03]))
+    assert elsewhere.phase is Phase.ABOVE and a[-1] == -1.0
+
+
 def test_descent_held_short_of_the_grasp_closes_where_it_stands():
     """A bowl's far rim under the hand's body stops it 1.4 cm above a wall grasp: after `stall_steps` there the
     fingers close; farther off (2.5 cm), the hand keeps descending."""

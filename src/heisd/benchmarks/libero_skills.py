@@ -44,6 +44,8 @@ class ExpertConfig:
     stall_steps: int = 10  # steps held just short of the grasp point before closing there
     open_steps: int = 10  # steps with the gripper opening before retreating
     lost_distance: float = 0.05  # object centre this far from where the grasp holds it = grasp lost, m
+    lifted: float = 0.02  # object bottom this far above where it rested, the hand over it = in the hand, m
+    over_margin: float = 0.02  # "over it": the end effector within the object's footprint grown by this, m
     yaw_gain: float = 1.5  # rotation action per radian of yaw error (action 1 = the controller's 0.5 rad)
     yaw_tolerance: float = 0.05  # yaw error that ends the approach, rad
     max_yaw: float = np.pi / 2  # largest grasp yaw considered, rad (the hand is symmetric: a half turn covers all)
@@ -250,6 +252,7 @@ class PickPlace:
     _offset: np.ndarray = field(default_factory=lambda: np.zeros(3), repr=False)  # object centre - eef, held
     _yaw: float | None = None  # grasp yaw, chosen on the approach
     _turn: float = 0.0  # how far the hand turns the held object before lowering it, rad
+    _rest: float = np.inf  # lowest object bottom seen since the grasp was chosen, m
 
     def grasp_point(self, s: Scene) -> np.ndarray:
         return self._grasp_and_yaw(s)[0]
@@ -274,10 +277,19 @@ class PickPlace:
         """The object moves with the hand: its centre stays where it was relative to the end effector."""
         return bool(np.linalg.norm(s.object_center - (s.eef + self._held_offset(s))) < self.config.lost_distance)
 
+    def _in_hand(self, s: Scene) -> bool:
+        """The object has risen off where it rested with the hand over it: something else grasped it (a
+        target acting while the expert only labels, DAgger) before this phase machine got there."""
+        c = self.config
+        over = np.all(np.abs(s.eef[:2] - s.object_center[:2]) <= s.object_half + c.over_margin)
+        return bool(over and s.object_bottom > self._rest + c.lifted)
+
     def act(self, s: Scene) -> np.ndarray:
         c = self.config
         if self._grasp is None:
             self._choose(s)
+        if self.phase in (Phase.ABOVE, Phase.DESCEND, Phase.CLOSE):
+            self._rest = min(self._rest, s.object_bottom)  # a dropped object falls: its rest follows it down
         self._advance(s)
         gripper = 1.0 if self.phase in (Phase.CLOSE, Phase.LIFT, Phase.CARRY, Phase.LOWER) else -1.0
         return _move(c, self._target(s), s.eef, self._yaw_error(s), gripper)
@@ -286,6 +298,7 @@ class PickPlace:
         """The grasp point and yaw, and the turn the held object takes to fit its place: a quarter back
         through yaw 0 where the grasp is turned already (the wrist turns least)."""
         self._grasp, self._yaw = self._grasp_and_yaw(s)
+        self._rest = s.object_bottom
         self._turn = -np.sign(self._yaw or 1.0) * np.pi / 2 if place_turn(s.object_half, s.place_half) else 0.0
 
     def _yaw_error(self, s: Scene) -> float:
@@ -318,7 +331,10 @@ class PickPlace:
         """Phase transitions, taken before acting so the action follows the new phase."""
         c = self.config
         reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
-        if self.phase is Phase.ABOVE and reached() and abs(self._yaw_error(s)) < c.yaw_tolerance:
+        if self.phase in (Phase.ABOVE, Phase.DESCEND, Phase.CLOSE) and self._in_hand(s):
+            # labels follow the hand that holds it (carry it, never "open, go back over where it stood")
+            self.phase, self._offset = Phase.LIFT, s.object_center - s.eef
+        elif self.phase is Phase.ABOVE and reached() and abs(self._yaw_error(s)) < c.yaw_tolerance:
             self.phase, self._count = Phase.DESCEND, 0
         elif self.phase is Phase.DESCEND and (reached() or self._stalled(s)):
             self.phase, self._count = Phase.CLOSE, 0
