@@ -71,8 +71,8 @@ CASES = [  # argv, exit code, what the one line must say
     (["demos", "--tasks", "reach-v3", "--out", "{theirs}", "--overwrite"], 1,
      "theirs.hdf5 exists and is not a heisd demonstration file"),
     (["demos", "--benchmark", "libero_goal", "--episodes", "0", "--out", "{root}/lg"], 2, "--episodes must be >= 1, got 0"),
-    (["eval", "--benchmark", "libero_goal", "--out", "{root}/lg"], 2,
-     "no target is shipped for --benchmark libero_goal: give --target"),
+    (["eval", "--benchmark", "libero_10", "--out", "{root}/lg"], 2,
+     "no target is shipped for --benchmark libero_10: give --target"),
     (["demos", "--tasks", "reach-v3"], 2, "demos needs --out"),
     (["demos", "--tasks", "reach-v3", "--measure", "--policy", "{vla}"], 2, "the target reads frames"),
     (["train-vla", "--demos", "{demos}", "--out", "{root}/t", "--resume", "--overwrite"], 2,
@@ -150,7 +150,8 @@ def test_target_defaults_to_the_benchmarks_shipped_one():
 
     parser, _ = build_parser("eval")
     for benchmark, path in (("mw", "checkpoints/vla"), ("libero_object", "checkpoints/libero_object/vla"),
-                            ("libero_spatial", "checkpoints/libero_spatial/vla")):
+                            ("libero_spatial", "checkpoints/libero_spatial/vla"),
+                            ("libero_goal", "checkpoints/libero_goal/vla")):
         args = parser.parse_args(["eval", "--benchmark", benchmark, "--out", "x"])
         shipped_target(args)
         assert args.target == path

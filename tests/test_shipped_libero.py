@@ -1,6 +1,6 @@
 """The shipped LIBERO-Object target and drafter (checkpoints/README.md says how they were made) in
 LIBERO's simulator: one episode runs end to end; closed loop it picks and places (slow). The shipped
-LIBERO-Spatial drafter was trained against the shipped LIBERO-Spatial target."""
+LIBERO-Spatial and LIBERO-Goal drafters were trained against their suites' shipped targets."""
 
 from __future__ import annotations
 
@@ -57,13 +57,14 @@ def test_shipped_libero_target_runs_an_episode_and_specvla_keeps_its_tokens(vla)
     assert tokens["ar"] == [375, 629, 629, 629, 629, 629, 629]
 
 
-def test_shipped_spatial_drafter_belongs_to_the_shipped_spatial_target():
-    spatial = SHIPPED.parent / "libero_spatial"
-    target = VLA.from_pretrained(spatial / "vla")
+@pytest.mark.parametrize("suite", ["libero_spatial", "libero_goal"])
+def test_shipped_suite_drafter_belongs_to_the_suites_shipped_target(suite):
+    shipped = SHIPPED.parent / suite
+    target = VLA.from_pretrained(shipped / "vla")
     assert target.spec.action_dim == 7 and target.spec.protocol == "raw"
-    Drafter.from_pretrained(spatial / "drafter", DrafterTarget.from_target(target))  # refuses another target's
-    size = sum(f.stat().st_size for f in (spatial / "drafter").iterdir()) / 2**20
-    assert size <= 5, f"shipped LIBERO-Spatial drafter is {size:.1f} MB"
+    Drafter.from_pretrained(shipped / "drafter", DrafterTarget.from_target(target))  # refuses another target's
+    size = sum(f.stat().st_size for f in (shipped / "drafter").iterdir()) / 2**20
+    assert size <= 5, f"shipped {suite} drafter is {size:.1f} MB"
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import argparse
 DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices (torch dtype names)
 # the shipped target each benchmark's closed-loop commands use when --target is not given
 SHIPPED_TARGETS = {"mw": "checkpoints/vla", "libero_object": "checkpoints/libero_object/vla",
-                   "libero_spatial": "checkpoints/libero_spatial/vla"}
+                   "libero_spatial": "checkpoints/libero_spatial/vla", "libero_goal": "checkpoints/libero_goal/vla"}
 SHIPPED = "shipped"  # --target's default where the benchmark's shipped target is: see `shipped_target`
 
 TARGET_HELP = ("target checkpoint directory: a heisd VLA (e.g. checkpoints/vla) or an OpenVLA Hugging Face "
