@@ -48,6 +48,10 @@ class ExpertConfig:
     over_margin: float = 0.02  # "over it": the end effector within the object's footprint grown by this, m
     yaw_gain: float = 1.5  # rotation action per radian of yaw error (action 1 = the controller's 0.5 rad)
     yaw_tolerance: float = 0.05  # yaw error that ends the approach, rad
+    # a held object is turned to fit its place only if that cuts its overhang by more than this, m: a
+    # turn that changes nothing still goes one way or the other by the grasp's yaw, and a target
+    # trained on both makes the wrong one (LIBERO-Goal's wine bottle tipped off the rack)
+    turn_gain: float = 0.002
     max_yaw: float = np.pi / 2  # largest grasp yaw considered, rad (the hand is symmetric: a half turn covers all)
     yaw_steps: int = 32  # grasp yaws tried on each side of 0
     opening: float = 0.07  # widest object section the open fingers take, m (Panda: 8 cm, less a margin)
@@ -106,13 +110,14 @@ class Scene:
     place_half: np.ndarray | None = None  # xy half extents (world axes) of the region it goes in or on, if one
 
 
-def place_turn(object_half: np.ndarray, place_half: np.ndarray | None) -> bool:
-    """Turn the held object a quarter about z before it goes down: it sticks out of the region less
-    turned (a book held with its long side across the caddy's narrow compartment)."""
+def place_turn(object_half: np.ndarray, place_half: np.ndarray | None, min_gain: float = 0.0) -> bool:
+    """Turn the held object a quarter about z before it goes down: turned, it sticks out of the region
+    less by more than `min_gain` (a book held with its long side across the caddy's narrow compartment;
+    not a round bottle, whose box is square within a millimetre)."""
     if place_half is None:
         return False
     overflow = lambda half: float(np.maximum(half - place_half, 0.0).sum())  # noqa: E731
-    return overflow(object_half[::-1]) < overflow(object_half)
+    return overflow(object_half[::-1]) < overflow(object_half) - min_gain
 
 
 def finger_axis(yaw: float) -> np.ndarray:
@@ -299,7 +304,8 @@ class PickPlace:
         through yaw 0 where the grasp is turned already (the wrist turns least)."""
         self._grasp, self._yaw = self._grasp_and_yaw(s)
         self._rest = s.object_bottom
-        self._turn = -np.sign(self._yaw or 1.0) * np.pi / 2 if place_turn(s.object_half, s.place_half) else 0.0
+        turn = place_turn(s.object_half, s.place_half, self.config.turn_gain)
+        self._turn = -np.sign(self._yaw or 1.0) * np.pi / 2 if turn else 0.0
 
     def _yaw_error(self, s: Scene) -> float:
         turned = self.phase in (Phase.CARRY, Phase.LOWER, Phase.RELEASE, Phase.RETREAT)
