@@ -9,7 +9,7 @@ LIBERO_NODEPS := libero==0.1.1 bddl==1.0.1
 TEST_NODEPS := openpi-client==0.1.2
 export MUJOCO_GL ?= egl
 
-.PHONY: demo test test-slow lint install clean
+.PHONY: demo test test-slow test-cuda lint install clean
 # the whole tree is held to pyflakes; these packages to every rule, the formatter and the type checker
 # (pyproject.toml [tool.ruff], [tool.mypy])
 CHECKED := src/heisd/decoding src/heisd/retrieval src/heisd/kinematics
@@ -39,6 +39,12 @@ test: lint
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# on a GPU machine, with an interpreter whose torch sees the GPU (this venv's torch is the CPU build):
+#   make test-cuda CUDA_PY=python3     (needs heisd importable there: pip install -e . or PYTHONPATH=src)
+CUDA_PY ?= $(BIN)/python
+test-cuda:
+	$(CUDA_PY) -m pytest -q -m cuda tests/test_cuda.py
 
 clean:
 	rm -rf $(VENV) outputs

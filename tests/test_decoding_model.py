@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -564,7 +565,7 @@ def test_bfloat16_tree_pass_and_commit_follow_float32(branch):
     the mask's finfo.min and the in-place row moves hold in the lower precision too."""
     results = {}
     for dtype in (torch.float32, torch.bfloat16):
-        model = tiny_target(1).to(dtype)
+        model = copy.deepcopy(tiny_target(1)).to(dtype)  # (the cached target stays fp32 for other tests)
         verifier = Verifier(model)
         pre = verifier.prefill(prefix(1, 5).to(dtype))
         out = verifier.verify(pre.cache, [pre.token], DraftTree.from_sequences([[60, 70, 80], [61, 71, 81]]))

@@ -202,6 +202,16 @@ def test_project_a_bench_directory(tmp_path, capsys) -> None:
     (tmp_path / "partial.json").write_text(json.dumps(partial))
     with pytest.raises(SystemExit, match="datastore_query"):
         main(["project", "--bench", str(tmp_path), "--profile", str(tmp_path / "partial.json")])
+    # the query runs on the host: a device profile without one takes the bench host's (source) query
+    host = profile(query=0.75)
+    (tmp_path / "host.json").write_text(json.dumps(host))
+    assert main(["project", "--bench", str(tmp_path), "--profile", str(tmp_path / "partial.json"), "--source-profile",
+                 str(tmp_path / "host.json"), "--out", str(tmp_path / "p.json"), "--overwrite"]) == 0
+    written = json.loads((tmp_path / "p.json").read_text())
+    assert written["host_pieces_from_source"] and "priced as --source-profile measured them" in capsys.readouterr().out
+    borrowed = written["rows"][1]["recorded"]
+    assert borrowed["mean_ms"] == pytest.approx(rows[1]["recorded"]["mean_ms"] + 0.75 - 0.1)
+    assert PieceCosts.from_profile(gpu).with_host_pieces(PieceCosts.from_profile(host)).query == 0.1  # its own kept
 
 
 def test_without_options_nothing_is_re_decided(tmp_path) -> None:

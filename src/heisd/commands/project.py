@@ -24,7 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "speedups and mode mix go beside the projected ones, with the error of each")
     p.add_argument("--source-profile", type=Path, default=None,
                    help="a `heisd profile` JSON taken on the device (and thread count) that ran --bench: the vision "
-                        "column beyond its vision pass is then carried over as host time, like 'other' always is")
+                        "column beyond its vision pass is then carried over as host time, like 'other' always is, "
+                        "and where --profile has no datastore query (e.g. a GPU profile without the datastore) its "
+                        "query and retrieval proposal, host work, are taken from here")
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing projection at --out")
 
@@ -55,10 +57,16 @@ def run(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, DatastoreError) as e:
         raise SystemExit(f"heisd project: {e}") from e
     print(format_projection(rows, profile))
+    borrowed = source is not None and "datastore_query" not in profile.get("pieces_ms", {}) \
+        and "datastore_query" in source.get("pieces_ms", {})
+    if borrowed:
+        print("\nThe datastore query and the retrieval proposal are priced as --source-profile measured them "
+              "(host work: the datastore stays in host memory).")
     if args.out is not None:
         write_json(args.out, {"projection": True, "profile": recorded_path(args.profile),
                               "bench": recorded_path(args.bench),
                               "compare": None if args.compare is None else recorded_path(args.compare),
                               "source_profile": None if args.source_profile is None
-                              else recorded_path(args.source_profile), "rows": rows})
+                              else recorded_path(args.source_profile), "host_pieces_from_source": borrowed,
+                              "rows": rows})
     return 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,15 @@ class PieceCosts:
                    ms("drafter_proposal") if depth else None, depth, ms("retrieval_proposal"),
                    ms("fused_prefill"), int(profile.get("fused_prefill_nodes", 0)))
 
+    def with_host_pieces(self, source: PieceCosts) -> PieceCosts:
+        """These costs, with the datastore query and the retrieval proposal taken from `source` where
+        this profile has none. Both run on the host (the datastore stays in host memory), so a device
+        profiled without the bench's datastore (a GPU profile of random 7B weights, say) prices them
+        as the bench's own host ran them."""
+        if self.query is not None or source.query is None:
+            return self
+        return replace(self, query=source.query, retrieval_proposal=source.retrieval_proposal)
+
     def fused_extra(self, nodes: int) -> float:
         """What a tree of `nodes` draft tokens adds to the prefill pass that verifies it: linear in
         the nodes from the profiled fused prefill; without one (older profiles), a verification
@@ -100,7 +109,8 @@ class PieceCosts:
         """`fused`: the first of `passes` rode in the prefill pass, priced as what its draft tokens
         add to that pass (`fused_extra`), not as a pass of its own."""
         if mode == "retrieval" and self.query is None:
-            raise ValueError("the profile has no 'datastore_query' (profile again with --datastore)")
+            raise ValueError("the profile has no 'datastore_query' (profile again with --datastore, or give a "
+                             "--source-profile that has one: the query runs on the host)")
         verify, draft = self.passes_ms(passes)
         prefill_ms = self.prefill if prefill else 0.0
         if fused and passes:  # as the loop times it: the first tree's share is in the prefill pass
@@ -238,13 +248,17 @@ def project_bench(bench_dir: Path, profile: dict[str, Any], datastore: Path | No
     calibration is, when not where the run recorded it. `compare`: a bench of the same methods
     measured on the profile's device (its numbers go beside the projection, as "there").
     `source_profile`: a profile of the device that ran the bench; with it the vision column beyond
-    its vision pass is host time too (carried over, as `other` always is)."""
+    its vision pass is host time too (carried over, as `other` always is), and where `profile` has no
+    datastore query its host pieces are taken from there (`PieceCosts.with_host_pieces`)."""
     from heisd.profiling.redecide import redecide
 
     summaries = json.loads((bench_dir / "bench.json").read_text())
     n_tokens = int(profile["spec"]["n_action_tokens"])
     costs = PieceCosts.from_profile(profile)
-    source_vision = None if source_profile is None else PieceCosts.from_profile(source_profile).vision
+    source_vision = None
+    if source_profile is not None:
+        source = PieceCosts.from_profile(source_profile)
+        costs, source_vision = costs.with_host_pieces(source), source.vision
     there = {}
     if compare is not None:
         for s in json.loads((compare / "bench.json").read_text()):

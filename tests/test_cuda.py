@@ -1,0 +1,116 @@
+"""The verifier and the decode loop on a CUDA device (`make test-cuda`; skipped where no GPU is at hand).
+
+What the CPU tests cannot see: the tree pass's additive 4-D mask going through CUDA's attention
+kernels (eager and SDPA), the commit's in-place row moves on device tensors, and bf16 (OpenVLA's
+GPU dtype) on the GPU against the fp32 reference computed on the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_decoding_model import VOCAB, ScriptedProposer, full_forward, greedy_after, prefix, reference_ar, tiny_target
+
+from heisd.decoding import DecodeConfig, DraftTree, ExactAcceptance, JacobiProposer, SpeculativeDecoder, Verifier
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-cuda on a GPU machine)"),
+]
+
+TREE = DraftTree.from_sequences([[50, 60, 70], [50, 61], [51, 60, 72, 80], [299]])
+ROOTS = [100, 200]
+BF16_MARGIN = 0.25  # greedy tokens are compared only where fp32's top-2 logits are further apart than bf16's error
+
+
+def on_cuda(seed: int, attn: str, dtype: torch.dtype):
+    """(a copy of the tiny target on the GPU in `dtype`, the fp32 CPU target itself as the reference)."""
+    reference = tiny_target(seed, attn)
+    return copy.deepcopy(reference).to("cuda", dtype), reference
+
+
+def tree_paths():
+    """(slot, the tokens its output follows) for every slot of a pass over ROOTS then TREE."""
+    for slot in range(len(ROOTS) + len(TREE)):
+        yield slot, ROOTS[: slot + 1] if slot < len(ROOTS) else ROOTS + TREE.tokens[TREE.path(slot - 2)].tolist()
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tree_pass_on_cuda_follows_the_fp32_reference(attn, dtype):
+    """Every node's output on the GPU equals (fp32) or stays close to (bf16) a no-cache fp32 forward
+    over its own path on the CPU, and its greedy token is the reference's wherever bf16 cannot flip it."""
+    model, reference = on_cuda(0, attn, dtype)
+    embeds = prefix(0, 5)
+    verifier = Verifier(model)
+    cache = verifier.prefill(embeds.to("cuda", dtype)).cache
+    out = verifier.verify(cache, ROOTS, TREE)
+    assert cache.get_seq_length() == 5 + len(ROOTS) + len(TREE)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    compared = 0
+    for slot, path in tree_paths():
+        hidden, logits = full_forward(reference, embeds, path)
+        torch.testing.assert_close(out.hidden[slot].float().cpu(), hidden, **tol)
+        top = logits.topk(2).values
+        if dtype == torch.float32 or float(top[0] - top[1]) > BF16_MARGIN:
+            assert int(out.next_tokens[slot]) == int(logits.argmax())
+            compared += 1
+    assert compared >= len(ROOTS) + len(TREE) // 2  # the check did not go vacuous
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("branch", [[0, 1, 2], [3, 4], []])  # a leading chain (crop), a side branch, nothing
+def test_commit_on_cuda_keeps_the_accepted_path(dtype, branch):
+    """After the in-place commit on device tensors, decoding continues as if the target had seen
+    only prefix + roots + accepted path (against the fp32 CPU reference)."""
+    model, reference = on_cuda(1, "sdpa", dtype)
+    embeds = prefix(1, 4)
+    verifier = Verifier(model)
+    pre = verifier.prefill(embeds.to("cuda", dtype))
+    tree = DraftTree.from_sequences([[60, 70, 80], [61, 71, 81]])
+    out = verifier.verify(pre.cache, [pre.token], tree)
+    verifier.commit(pre.cache, out, branch)
+    path = [pre.token] + tree.tokens[branch].tolist()
+    assert pre.cache.get_seq_length() == 4 + len(path)
+    assert all(layer.keys.device.type == "cuda" for layer in pre.cache.layers)
+    follow = verifier.verify(pre.cache, [90, 91], DraftTree.chain([92]))
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    for slot, tail in enumerate([[90], [90, 91], [90, 91, 92]]):
+        hidden, _ = full_forward(reference, embeds, path + tail)
+        torch.testing.assert_close(follow.hidden[slot].float().cpu(), hidden, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lossless_decoding_on_cuda_is_ar_on_cuda(dtype, seed):
+    """On the GPU, in either dtype, exact acceptance over a drafted tree and Jacobi iterations return
+    the tokens of the loop without a proposer, on the same device and dtype; in fp32 those are the
+    CPU reference's."""
+    model, reference = on_cuda(seed, "sdpa", dtype)
+    embeds = prefix(seed, 6).to("cuda", dtype)
+    config = DecodeConfig(n_tokens=7, vocab_size=VOCAB, n_bins=256)
+    ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
+    expected, margin = reference_ar(reference, prefix(seed, 6), 7)
+    if dtype == torch.float32 and margin > 1e-3:  # (closer top-2 logits may flip between CPU and GPU kernels)
+        assert ar.tokens == expected
+    near = [[t if i % 3 else min(t + 1, VOCAB - 1) for i, t in enumerate(ar.tokens)], ar.tokens[:4]]
+    for proposer in (ScriptedProposer(near), ScriptedProposer(near, fused=True), JacobiProposer(True)):
+        decoder = SpeculativeDecoder(Verifier(model), config, proposer, ExactAcceptance())
+        result = decoder.decode(embeds, {"previous_action": near[0]})
+        assert result.tokens == ar.tokens, type(proposer).__name__
+        assert result.target_forwards <= ar.target_forwards
+
+
+def test_bfloat16_ar_on_cuda_keeps_the_reference_tokens_where_margins_are_wide():
+    """bf16 on the GPU changes a greedy token only where fp32's top-2 logits are close."""
+    model, reference = on_cuda(2, "sdpa", torch.bfloat16)
+    embeds = prefix(2, 6)
+    config = DecodeConfig(n_tokens=7, vocab_size=VOCAB, n_bins=256)
+    tokens = SpeculativeDecoder(Verifier(model), config).decode(embeds.to("cuda", torch.bfloat16)).tokens
+    for i, token in enumerate(tokens):
+        expected, margin = greedy_after(reference, embeds, tokens[:i])
+        if margin <= BF16_MARGIN:
+            break  # from here on the two dtypes may follow different paths
+        assert token == expected, f"token {i}"
