@@ -8,6 +8,7 @@ GPU dtype) on the GPU against the fp32 reference computed on the CPU.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -114,3 +115,17 @@ def test_bfloat16_ar_on_cuda_keeps_the_reference_tokens_where_margins_are_wide()
         if margin <= BF16_MARGIN:
             break  # from here on the two dtypes may follow different paths
         assert token == expected, f"token {i}"
+
+
+def test_device_work_reads_the_kernels_of_each_piece(tmp_path):
+    """`heisd profile --device-work` on the GPU: every piece ran kernels, and no more GPU time than its wall time."""
+    from heisd.cli import main
+
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--random-openvla-7b", "--random-shape", "tiny", "--device", "cuda", "--dtype", "bfloat16",
+                 "--random-drafter", "--repeats", "4", "--warmup", "2", "--device-work", "--out", str(out)]) == 0
+    pieces = json.loads(out.read_text())["pieces_ms"]
+    timed = [t for name, t in pieces.items() if name != "tree_verify"] + list(pieces["tree_verify"].values())
+    assert len(timed) == 11
+    for t in timed:
+        assert t["device_ops"] >= 1 and 0 < t["kernel_ms"] <= 1.5 * t["p90_ms"]

@@ -16,8 +16,9 @@ import torch
 from heisd.cli import main
 from heisd.decoding import DraftTree
 from heisd.profiling import measure
-from heisd.profiling.timer import measure_rounds
 from heisd.profiling.pieces import branching_tree
+from heisd.profiling.report import format_table
+from heisd.profiling.timer import device_work, measure_rounds
 from heisd.retrieval.datastore import DatastoreWriter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +102,9 @@ def test_profile_errors_are_one_line(tiny_openvla_dir, tmp_path):
     for args, expected in ((["--target", str(tmp_path)], "no config.json in"),
                            (["--target", str(tiny_openvla_dir)], "choose one with --unnorm-key"),
                            (["--target", str(ROOT / "checkpoints/vla"), "--datastore", str(tmp_path / "none")],
-                            str(tmp_path / "none"))):
+                            str(tmp_path / "none")),
+                           (["--random-openvla-7b", "--random-shape", "tiny", "--device", "cpu", "--device-work"],
+                            "--device-work reads CUDA's kernel records; --device is cpu")):
         with pytest.raises(SystemExit) as info:
             main(["profile", *args, "--out", str(tmp_path / "p.json")])
         assert str(info.value).startswith("heisd profile: ") and expected in str(info.value)
@@ -118,3 +121,16 @@ def test_gpu_profile_script_dry_run_on_cpu(tmp_path):
     assert set(result["pieces_ms"]["tree_verify"]) == {"4", "8", "16", "32", "64"}
     assert "drafter_pass" in result["pieces_ms"]
     assert (out / "environment.txt").is_file() and (out / "profile_openvla_tiny_float32.md").is_file()
+
+
+def test_device_work_is_cuda_only_and_shown_beside_the_wall_time():
+    with pytest.raises(ValueError, match="CUDA's kernel records; the device is cpu"):
+        device_work({"mm": (lambda: torch.ones(2, 2) @ torch.ones(2, 2), None)}, torch.device("cpu"))
+    piece = lambda ms, kernel=None: {"median_ms": ms, "p10_ms": ms, "p90_ms": ms, "runs": 3,  # noqa: E731
+                                     **({} if kernel is None else {"kernel_ms": kernel, "device_ops": 1460.0})}
+    result = {"target": "t", "device_name": "gpu", "dtype": "bfloat16", "prefix_len": 282, "repeats": 3, "warmup": 1,
+              "pieces_ms": {"vision": piece(21.0, 4.0), "decode_step": piece(36.0, 6.5), "tree_verify": {}}}
+    table = format_table(result)
+    assert "| decode_step | 36.00 | 36.00 | 36.00 | 1.00 | 6.50 | 1460 |" in table and "GPU kernel ms" in table
+    result["pieces_ms"]["vision"] = piece(21.0)  # a profile without --device-work: the columns stay out
+    assert "GPU kernel" not in format_table(result)

@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the pieces take turns this many times, each timed in a tight loop of repeats / rounds runs "
                         "per turn, so a change in machine load hits every piece alike (1: each piece once, start to "
                         "end; capped at --repeats)")
+    p.add_argument("--device-work", action="store_true",
+                   help="CUDA only: also read each piece's GPU kernel time and kernel count per call with "
+                        "torch.profiler (5 more calls each, after the timing); a kernel time far below the median "
+                        "means the piece is bound by the host launching its kernels, not by the GPU")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and of the profiled frame")
 
@@ -106,12 +110,15 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.out, PROFILE, args.overwrite)
     torch.set_num_threads(args.threads)
     device, dtype = target_device(args)
+    if args.device_work and device.type != "cuda":
+        raise SystemExit(f"heisd profile: --device-work reads CUDA's kernel records; --device is {device} "
+                         "(use --device cuda, or leave the flag out)")
     try:
         target, name, drafter, datastore = _load(args, device, dtype)
     except (CheckpointError, DrafterError, DatastoreError) as e:
         raise SystemExit(f"heisd profile: {e}") from e
     config = ProfileConfig(repeats=args.repeats, warmup=args.warmup, tree_sizes=tuple(args.tree_sizes),
-                           seed=args.seed, rounds=args.rounds)
+                           seed=args.seed, rounds=args.rounds, device_work=args.device_work)
     try:
         pieces = profile_target(target, config, drafter, datastore)
     except ValueError as e:  # e.g. a datastore whose keys do not fit this target

@@ -23,7 +23,7 @@ from heisd.decoding.vocab import ActionVocab
 from heisd.drafter.config import TreeConfig
 from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
 from heisd.drafter.proposer import DrafterProposer
-from heisd.profiling.timer import Piece, measure_rounds
+from heisd.profiling.timer import Piece, device_work, measure_rounds
 from heisd.retrieval.config import RetrievalConfig
 from heisd.retrieval.datastore import Datastore
 from heisd.retrieval.proposer import RetrievalProposer
@@ -43,6 +43,7 @@ class ProfileConfig:
     # the pieces take turns, each timed in a tight loop of repeats / rounds runs per turn, so a change
     # in machine load (a shared machine) hits all alike; 1: each piece once, start to end
     rounds: int = 10
+    device_work: bool = False  # CUDA: also each piece's GPU kernel time and kernel count (`timer.device_work`)
 
 
 def branching_tree(n: int, branching: int, first_action_id: int, n_bins: int) -> DraftTree:
@@ -106,15 +107,17 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         step = {"key": query, "task": None}
         work["retrieval_proposal"] = (lambda: (retrieving.begin_step(step), retrieving.propose(after_prefill)), None)
     timings = measure_rounds(work, device, config.repeats, config.warmup, min(config.rounds, config.repeats))
+    gpu = device_work(work, device) if config.device_work else {}
     if pre.cache.get_seq_length() != prefix.shape[1]:  # every timed pass must have been rolled back
         raise RuntimeError(f"KV cache holds {pre.cache.get_seq_length()} positions after profiling, "
                            f"not {prefix.shape[1]}")
     pieces: dict[str, Any] = {"tree_verify": {}}
     for name, timing in timings.items():
+        entry = {**timing.to_dict(), **(gpu[name].to_dict() if name in gpu else {})}
         if name.startswith("tree_verify/"):
-            pieces["tree_verify"][name.split("/")[1]] = timing.to_dict()
+            pieces["tree_verify"][name.split("/")[1]] = entry
         else:
-            pieces[name] = timing.to_dict()
+            pieces[name] = entry
     return {
         "spec": asdict(spec), "prefix_len": int(prefix.shape[1]), "key_dim": int(key.shape[1]),
         "llm_parameters": sum(p.numel() for p in llm.parameters()),

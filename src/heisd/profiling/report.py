@@ -20,8 +20,16 @@ def format_table(result: dict[str, Any]) -> str:
     head = (f"{result['target']} on {result['device_name']} ({result['dtype']}, prefix {result['prefix_len']} tokens, "
             f"median of {result['repeats']} after {result['warmup']} warm-up runs"
             f"{f', the pieces taking {rounds} turns' if (rounds := result.get('rounds', 1)) > 1 else ''})")
-    lines = [head, "", "| piece | median ms | p10 ms | p90 ms | decode steps |", "|---|---|---|---|---|"]
-    for name, t in rows(pieces):
+    table = rows(pieces)
+    gpu = all("kernel_ms" in t for _, t in table)  # `heisd profile --device-work`
+    extra = (" GPU kernel ms | GPU kernels |", "---|---|") if gpu else ("", "")
+    lines = [head, "", "| piece | median ms | p10 ms | p90 ms | decode steps |" + extra[0],
+             "|---|---|---|---|---|" + extra[1]]
+    for name, t in table:
+        cells = f" {t['kernel_ms']:.2f} | {t['device_ops']:.0f} |" if gpu else ""
         lines.append(f"| {name} | {t['median_ms']:.2f} | {t['p10_ms']:.2f} | {t['p90_ms']:.2f} | "
-                     f"{t['median_ms'] / step:.2f} |")
+                     f"{t['median_ms'] / step:.2f} |{cells}")
+    if gpu:
+        lines += ["", "GPU kernel ms: time the GPU spent in the piece's kernels and copies per call (torch.profiler); "
+                      "far below the median, the piece is bound by the host launching its kernels."]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Timing one piece of work: warm-up runs, then the median of N, with the GPU synchronized."""
+"""Timing one piece of work: warm-up runs, then the median of N, with the GPU synchronized; on CUDA,
+also what each piece asks of the GPU (`device_work`)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,36 @@ def measure_rounds(pieces: dict[str, Piece], device: torch.device, repeats: int,
 def _timing(times: list[float]) -> Timing:
     t = np.asarray(times)
     return Timing(float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90)), len(t))
+
+
+@dataclass(frozen=True)
+class DeviceWork:
+    kernel_ms: float  # GPU time in kernels and copies, per call
+    device_ops: float  # kernels and copies run on the GPU, per call
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def device_work(pieces: dict[str, Piece], device: torch.device, calls: int = 5) -> dict[str, DeviceWork]:
+    """Each piece's GPU kernel time and kernel count per call, read with torch.profiler over `calls`
+    calls (run after the timing: the pieces are warm). Beside the wall-clock median it says what
+    bounds a piece: kernel time far below the wall time means the GPU waits on the host launching
+    the kernels one by one. CUDA only: other devices keep no kernel records."""
+    if device.type != "cuda":
+        raise ValueError(f"GPU kernel time is read from CUDA's kernel records; the device is {device}")
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name, (work, after) in pieces.items():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                result = work()
+                _sync(device)
+                if after is not None:
+                    after(result)
+        ops = sum(e.device_type == DeviceType.CUDA for e in prof.events())
+        busy_us = sum(e.self_device_time_total for e in prof.key_averages())
+        out[name] = DeviceWork(busy_us / 1e3 / calls, ops / calls)
+    return out
