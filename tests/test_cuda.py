@@ -129,3 +129,22 @@ def test_device_work_reads_the_kernels_of_each_piece(tmp_path):
     assert len(timed) == 11
     for t in timed:
         assert t["device_ops"] >= 1 and 0 < t["kernel_ms"] <= 1.5 * t["p90_ms"]
+
+
+def test_device_work_counts_each_kernel_once():
+    """A GPU-bound matrix product: its kernel time as `device_work` reads it matches CUDA events' timing."""
+    from heisd.profiling.timer import device_work
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        a @ a
+    end.record()
+    torch.cuda.synchronize()
+    events_ms = start.elapsed_time(end) / 5
+    work = device_work({"mm": (lambda: a @ a, None)}, torch.device("cuda"))["mm"]
+    assert 1 <= work.device_ops <= 3
+    assert 0.8 * events_ms <= work.kernel_ms <= 1.2 * events_ms
