@@ -208,7 +208,13 @@ def test_project_a_bench_directory(tmp_path, capsys) -> None:
     assert main(["project", "--bench", str(tmp_path), "--profile", str(tmp_path / "partial.json"), "--source-profile",
                  str(tmp_path / "host.json"), "--out", str(tmp_path / "p.json"), "--overwrite"]) == 0
     written = json.loads((tmp_path / "p.json").read_text())
-    assert written["host_pieces_from_source"] and "priced as --source-profile measured them" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert written["host_pieces_from_source"] and "priced as --source-profile measured them" in out
+    assert written["bench_target"] is None and "bench's target" not in out  # no run.json: nothing to say
+    (tmp_path / "ar" / "run.json").write_text(json.dumps({"paths": {"target": "checkpoints/libero_object/vla"}}))
+    assert main(["project", "--bench", str(tmp_path), "--profile", str(tmp_path / "profile.json")]) == 0
+    assert ("from the bench's target checkpoints/libero_object/vla; costs of the profile's t."
+            in capsys.readouterr().out)
     borrowed = written["rows"][1]["recorded"]
     assert borrowed["mean_ms"] == pytest.approx(rows[1]["recorded"]["mean_ms"] + 0.75 - 0.1)
     assert PieceCosts.from_profile(gpu).with_host_pieces(PieceCosts.from_profile(host)).query == 0.1  # its own kept

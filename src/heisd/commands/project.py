@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, DatastoreError) as e:
         raise SystemExit(f"heisd project: {e}") from e
     print(format_projection(rows, profile))
+    bench_target = _bench_target(args.bench)
+    if bench_target is not None:  # a small target's steps priced with a 7B's costs must say so
+        print(f"\nSteps (modes, drafts, acceptance) from the bench's target {bench_target}; "
+              f"costs of the profile's {profile.get('target')}.")
     borrowed = source is not None and "datastore_query" not in profile.get("pieces_ms", {}) \
         and "datastore_query" in source.get("pieces_ms", {})
     if borrowed:
@@ -68,5 +72,14 @@ def run(args: argparse.Namespace) -> int:
                               "compare": None if args.compare is None else recorded_path(args.compare),
                               "source_profile": None if args.source_profile is None
                               else recorded_path(args.source_profile), "host_pieces_from_source": borrowed,
-                              "rows": rows})
+                              "bench_target": bench_target, "rows": rows})
     return 0
+
+
+def _bench_target(bench: Path) -> str | None:
+    """The target the bench's methods ran (the first method's run.json), where recorded."""
+    try:
+        first = json.loads((bench / "bench.json").read_text())[0]["dir"]
+        return json.loads((bench / first / "run.json").read_text())["paths"]["target"]
+    except (OSError, json.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None
