@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from heisd.profiling.projection import format_projection, project_bench
+    from heisd.profiling.projection import PieceCosts, format_projection, project_bench
     from heisd.retrieval.manifest import DatastoreError
     from heisd.storage import OutputKind, check_output, recorded_path, write_json
     from heisd.storage.guard import json_file_with
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if bench_target is not None:  # a small target's steps priced with a 7B's costs must say so
         print(f"\nSteps (modes, drafts, acceptance) from the bench's target {bench_target}; "
               f"costs of the profile's {profile.get('target')}.")
-    borrowed = source is not None and "datastore_query" not in profile.get("pieces_ms", {}) \
-        and "datastore_query" in source.get("pieces_ms", {})
+    costs = PieceCosts.from_profile(profile)  # the rule project_bench applied, asked again for the report
+    borrowed = source is not None and costs.with_host_pieces(PieceCosts.from_profile(source)) is not costs
     if borrowed:
         print("\nThe datastore query and the retrieval proposal are priced as --source-profile measured them "
               "(host work: the datastore stays in host memory).")
