@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Measure the per-piece cost structure of OpenVLA-7B on this machine's GPU: random bf16 weights built
 # on the device (nothing downloaded), vision / prefill / decode step / tree verification at 4-64 nodes /
-# one drafter pass, and on CUDA each piece's GPU kernel time. Takes about a minute on a recent GPU
-# (hard limit 8 min). Everything it writes goes under one folder:
+# one drafter pass, and on CUDA each piece's GPU kernel time, then the same with the target's passes
+# replayed as CUDA graphs (--cuda-graphs). Takes about two minutes on a recent GPU (hard limit 4 min
+# per profile). Everything it writes goes under one folder:
 #
 #   bash scripts/gpu_profile.sh [OUT_DIR]          # default OUT_DIR: outputs/gpu_profile
 #
@@ -26,10 +27,18 @@ mkdir -p "$OUT"
   echo "device=$DEVICE dtype=$DTYPE shape=$SHAPE repeats=$REPEATS python=$PYTHON"
   if [ "${DEVICE%%:*}" = cuda ] && command -v nvidia-smi >/dev/null; then nvidia-smi; fi
 } > "$OUT/environment.txt"
-# on CUDA also each piece's GPU kernel time: is a pass bound by the GPU or by the host launching it?
-WORK=()
-if [ "${DEVICE%%:*}" = cuda ]; then WORK=(--device-work); fi
-timeout 480 "$PYTHON" -m heisd.cli profile --random-openvla-7b --random-shape "$SHAPE" "${WORK[@]}" \
-  --device "$DEVICE" --dtype "$DTYPE" --random-drafter --repeats "$REPEATS" --warmup 5 \
-  --out "$OUT/profile_openvla_${SHAPE}_${DTYPE}.json" | tee "$OUT/profile_openvla_${SHAPE}_${DTYPE}.md"
+profile() {  # NAME, extra flags
+  local name=$1; shift
+  timeout 240 "$PYTHON" -m heisd.cli profile --random-openvla-7b --random-shape "$SHAPE" "$@" \
+    --device "$DEVICE" --dtype "$DTYPE" --random-drafter --repeats "$REPEATS" --warmup 5 \
+    --out "$OUT/$name.json" | tee "$OUT/$name.md"
+}
+if [ "${DEVICE%%:*}" = cuda ]; then
+  # each piece's GPU kernel time too: is a pass bound by the GPU or by the host launching it?
+  profile "profile_openvla_${SHAPE}_${DTYPE}" --device-work
+  # the same passes replayed as CUDA graphs: one launch per pass
+  profile "profile_openvla_${SHAPE}_${DTYPE}_graphs" --device-work --cuda-graphs
+else
+  profile "profile_openvla_${SHAPE}_${DTYPE}"
+fi
 echo "results in $OUT"

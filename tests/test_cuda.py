@@ -1,8 +1,9 @@
 """The verifier and the decode loop on a CUDA device (`make test-cuda`; skipped where no GPU is at hand).
 
 What the CPU tests cannot see: the tree pass's additive 4-D mask going through CUDA's attention
-kernels (eager and SDPA), the commit's in-place row moves on device tensors, and bf16 (OpenVLA's
-GPU dtype) on the GPU against the fp32 reference computed on the CPU.
+kernels (eager and SDPA), the commit's in-place row moves on device tensors, bf16 (OpenVLA's
+GPU dtype) on the GPU against the fp32 reference computed on the CPU, and the static-cache
+verifier's passes replayed as CUDA graphs (`--cuda-graphs`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from test_decoding_model import VOCAB, ScriptedProposer, full_forward, greedy_after, prefix, reference_ar, tiny_target
 
 from heisd.decoding import DecodeConfig, DraftTree, ExactAcceptance, JacobiProposer, SpeculativeDecoder, Verifier
+from heisd.decoding.graphs import StaticVerifier
 
 pytestmark = [
     pytest.mark.cuda,
@@ -24,6 +26,9 @@ pytestmark = [
 TREE = DraftTree.from_sequences([[50, 60, 70], [50, 61], [51, 60, 72, 80], [299]])
 ROOTS = [100, 200]
 BF16_MARGIN = 0.25  # greedy tokens are compared only where fp32's top-2 logits are further apart than bf16's error
+# the dynamic-cache verifier, and the static one replaying CUDA graphs (small headroom: it grows, recaptures)
+VERIFIERS = {"dynamic": Verifier, "graphs": lambda model: StaticVerifier(model, graphs=True, headroom=4)}
+each_verifier = pytest.mark.parametrize("kind", list(VERIFIERS))
 
 
 def on_cuda(seed: int, attn: str, dtype: torch.dtype):
@@ -43,17 +48,18 @@ def tree_paths():
         yield slot, ROOTS[: slot + 1] if slot < len(ROOTS) else ROOTS + TREE.tokens[TREE.path(slot - 2)].tolist()
 
 
+@each_verifier
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_tree_pass_on_cuda_follows_the_fp32_reference(attn, dtype):
+def test_tree_pass_on_cuda_follows_the_fp32_reference(attn, dtype, kind):
     """Every node's output on the GPU equals (fp32) or stays close to (bf16) a no-cache fp32 forward
     over its own path on the CPU, and its greedy token is the reference's wherever bf16 cannot flip it."""
     model, reference = on_cuda(0, attn, dtype)
     embeds = prefix(0, 5)
-    verifier = Verifier(model)
+    verifier = VERIFIERS[kind](model)
     cache = verifier.prefill(embeds.to("cuda", dtype)).cache
     out = verifier.verify(cache, ROOTS, TREE)
-    assert cache.get_seq_length() == 5 + len(ROOTS) + len(TREE)
+    assert verifier.cache_length(cache) == 5 + len(ROOTS) + len(TREE)
     tol = tolerance(dtype)
     compared = 0
     for slot, path in tree_paths():
@@ -66,20 +72,21 @@ def test_tree_pass_on_cuda_follows_the_fp32_reference(attn, dtype):
     assert compared >= len(ROOTS) + len(TREE) // 2  # the check did not go vacuous
 
 
+@each_verifier
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("branch", [[0, 1, 2], [3, 4], []])  # a leading chain (crop), a side branch, nothing
-def test_commit_on_cuda_keeps_the_accepted_path(dtype, branch):
+def test_commit_on_cuda_keeps_the_accepted_path(dtype, branch, kind):
     """After the in-place commit on device tensors, decoding continues as if the target had seen
     only prefix + roots + accepted path (against the fp32 CPU reference)."""
     model, reference = on_cuda(1, "sdpa", dtype)
     embeds = prefix(1, 4)
-    verifier = Verifier(model)
+    verifier = VERIFIERS[kind](model)
     pre = verifier.prefill(embeds.to("cuda", dtype))
     tree = DraftTree.from_sequences([[60, 70, 80], [61, 71, 81]])
     out = verifier.verify(pre.cache, [pre.token], tree)
     verifier.commit(pre.cache, out, branch)
     path = [pre.token] + tree.tokens[branch].tolist()
-    assert pre.cache.get_seq_length() == 4 + len(path)
+    assert verifier.cache_length(pre.cache) == 4 + len(path)
     assert all(layer.keys.device.type == "cuda" for layer in pre.cache.layers)
     follow = verifier.verify(pre.cache, [90, 91], DraftTree.chain([92]))
     tol = tolerance(dtype)
@@ -88,25 +95,48 @@ def test_commit_on_cuda_keeps_the_accepted_path(dtype, branch):
         torch.testing.assert_close(follow.hidden[slot].float().cpu(), hidden, **tol)
 
 
+@each_verifier
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lossless_decoding_on_cuda_is_ar_on_cuda(dtype, seed):
+def test_lossless_decoding_on_cuda_is_ar_on_cuda(dtype, seed, kind):
     """On the GPU, in either dtype, exact acceptance over a drafted tree and Jacobi iterations return
     the tokens of the loop without a proposer, on the same device and dtype; in fp32 those are the
     CPU reference's."""
     model, reference = on_cuda(seed, "sdpa", dtype)
     embeds = prefix(seed, 6).to("cuda", dtype)
     config = DecodeConfig(n_tokens=7, vocab_size=VOCAB, n_bins=256)
-    ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
+    ar = SpeculativeDecoder(VERIFIERS[kind](model), config).decode(embeds)
     expected, margin = reference_ar(reference, prefix(seed, 6), 7)
     if dtype == torch.float32 and margin > 1e-3:  # (closer top-2 logits may flip between CPU and GPU kernels)
         assert ar.tokens == expected
     near = [[t if i % 3 else min(t + 1, VOCAB - 1) for i, t in enumerate(ar.tokens)], ar.tokens[:4]]
     for proposer in (ScriptedProposer(near), ScriptedProposer(near, fused=True), JacobiProposer(True)):
-        decoder = SpeculativeDecoder(Verifier(model), config, proposer, ExactAcceptance())
+        decoder = SpeculativeDecoder(VERIFIERS[kind](model), config, proposer, ExactAcceptance())
         result = decoder.decode(embeds, {"previous_action": near[0]})
         assert result.tokens == ar.tokens, type(proposer).__name__
         assert result.target_forwards <= ar.target_forwards
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_graph_replays_equal_the_same_passes_run_eagerly(dtype):
+    """Three actions decoded with drafted trees by the static verifier, its passes replayed as CUDA
+    graphs and run eagerly: the same tokens and lm_head inputs. Each pass shape is captured once, and
+    a later action with the same shapes captures nothing new."""
+    model, _ = on_cuda(0, "sdpa", dtype)
+    config = DecodeConfig(n_tokens=7, vocab_size=VOCAB, n_bins=256)
+    graphed, eager = StaticVerifier(model, graphs=True), StaticVerifier(model)
+    runs = {}
+    for name, verifier in (("graphs", graphed), ("eager", eager)):
+        ar = SpeculativeDecoder(verifier, config).decode(prefix(0, 6).to("cuda", dtype))
+        near = [[t if i % 3 else min(t + 1, VOCAB - 1) for i, t in enumerate(ar.tokens)], ar.tokens[:4]]
+        decoder = SpeculativeDecoder(verifier, config, ScriptedProposer(near, fused=True), ExactAcceptance())
+        runs[name] = [decoder.decode(prefix(s, 6).to("cuda", dtype)).tokens for s in range(3)]
+        if name == "graphs":
+            shapes = graphed.captured
+            decoder.decode(prefix(0, 6).to("cuda", dtype))
+            assert graphed.captured == shapes >= 3  # prefill, fused prefill, decode step at least
+    assert runs["graphs"] == runs["eager"]
+    assert eager.captured == 0
 
 
 def test_bfloat16_ar_on_cuda_keeps_the_reference_tokens_where_margins_are_wide():
@@ -134,6 +164,19 @@ def test_device_work_reads_the_kernels_of_each_piece(tmp_path):
     assert len(timed) == 11
     for t in timed:
         assert t["device_ops"] >= 1 and 0 < t["kernel_ms"] <= 1.5 * t["p90_ms"]
+
+
+def test_profile_with_cuda_graphs_times_every_piece(tmp_path):
+    """`heisd profile --cuda-graphs`: every pass shape is captured in the warm-up, every timed pass
+    rolled back (the profile checks the cache's length at the end), and the JSON says so."""
+    from heisd.cli import main
+
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--random-openvla-7b", "--random-shape", "tiny", "--device", "cuda", "--dtype", "bfloat16",
+                 "--random-drafter", "--repeats", "4", "--warmup", "2", "--cuda-graphs", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["cuda_graphs"] is True
+    assert all(t["median_ms"] > 0 for t in result["pieces_ms"]["tree_verify"].values())
 
 
 def test_device_work_counts_each_kernel_once():

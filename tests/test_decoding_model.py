@@ -25,6 +25,7 @@ from heisd.decoding import (
     TokenRelaxedAcceptance,
     Verifier,
 )
+from heisd.decoding.graphs import StaticVerifier
 
 torch.set_num_threads(1)
 
@@ -58,6 +59,12 @@ def tiny_target(seed: int, attn: str = "eager") -> LlamaForCausalLM:
         for tok in NON_ACTION:
             w[tok] = 1.3 * torch.randn(HIDDEN)
     return model
+
+
+# both verifiers run every decoding test: the dynamic cache, and the static one (eagerly here; CUDA
+# graphs replay its passes in test_cuda.py) with headroom for one position so that it grows often
+VERIFIERS = {"dynamic": Verifier, "static": lambda model: StaticVerifier(model, headroom=1)}
+each_verifier = pytest.mark.parametrize("kind", list(VERIFIERS))
 
 
 def prefix(seed: int, length: int) -> torch.Tensor:
@@ -165,9 +172,10 @@ def realize(specs, reference) -> list[list[int]]:
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@each_verifier
 @FAST
 @given(scenarios())
-def test_exact_acceptance_is_lossless(case):
+def test_exact_acceptance_is_lossless(kind, case):
     model, embeds = tiny_target(case["seed"]), prefix(case["seed"], case["prefix_len"])
     reference, margin = reference_ar(model, embeds, case["n"] + 1)
     assume(margin > MARGIN)
@@ -182,7 +190,7 @@ def test_exact_acceptance_is_lossless(case):
     proposer = ScriptedProposer(realize(case["specs"], reference), case["ar_steps"], on_state=check_state,
                                 fused=case["fused"])
     config = DecodeConfig(n_tokens=case["n"], vocab_size=VOCAB, n_bins=256)
-    decoder = SpeculativeDecoder(Verifier(model), config, proposer, ExactAcceptance())
+    decoder = SpeculativeDecoder(VERIFIERS[kind](model), config, proposer, ExactAcceptance())
     result = decoder.decode(embeds)
     assert result.tokens == reference[: case["n"]]
     fused = proposer.first_draft({}) is not None  # then the prefill pass is a verify pass too
@@ -300,16 +308,17 @@ def test_scaled_margin_gated_tolerance_keeps_its_bound_in_the_loop(case, max_mar
     event(f"relaxed tokens emitted: {bool(result.deviation)}")
 
 
+@each_verifier
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_tree_pass_matches_sequential_forwards(attn):
+def test_tree_pass_matches_sequential_forwards(attn, kind):
     """Every node's output equals a no-cache forward over its own path: the 4-D mask is honoured."""
     model, embeds = tiny_target(0, attn), prefix(0, 5)
-    verifier = Verifier(model)
+    verifier = VERIFIERS[kind](model)
     cache = verifier.prefill(embeds).cache
     tree = DraftTree.from_sequences([[50, 60, 70], [50, 61], [51, 60, 72, 80], [299]])
     roots = [100, 200]
     out = verifier.verify(cache, roots, tree)
-    assert cache.get_seq_length() == 5 + len(roots) + len(tree)
+    assert verifier.cache_length(cache) == 5 + len(roots) + len(tree)
     for slot in range(len(roots) + len(tree)):
         path = roots[: slot + 1] if slot < len(roots) else roots + tree.tokens[tree.path(slot - 2)].tolist()
         hidden, logits = full_forward(model, embeds, path)
@@ -317,16 +326,17 @@ def test_tree_pass_matches_sequential_forwards(attn):
         assert int(out.next_tokens[slot]) == int(logits.argmax())
 
 
+@each_verifier
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("branch", [[0, 1, 2], [3, 4], []])
-def test_fused_prefill_pass_is_a_prefill_and_a_tree_pass(attn, branch):
+def test_fused_prefill_pass_is_a_prefill_and_a_tree_pass(attn, branch, kind):
     """`prefill_verify`: one forward over [prefix, tree] gives the prefill's token and hidden state and
     every node's output over its own path; committed, the cache holds prefix + the accepted path."""
     model, embeds = tiny_target(1, attn), prefix(1, 5)
-    verifier = Verifier(model)
+    plain = VERIFIERS[kind](model).prefill(embeds)
+    verifier = VERIFIERS[kind](model)
     tree = DraftTree.from_sequences([[50, 60, 70], [51, 61], [50, 62, 72]])
     pre, out = verifier.prefill_verify(embeds, tree)
-    plain = verifier.prefill(embeds)
     assert pre.token == plain.token and out.n_roots == 1 and out.past_len == 4
     torch.testing.assert_close(pre.hidden, plain.hidden, atol=1e-5, rtol=0)
     assert len(out.hidden) == len(out.next_tokens) == 1 + len(tree)  # no prefix row but the last
@@ -336,25 +346,26 @@ def test_fused_prefill_pass_is_a_prefill_and_a_tree_pass(attn, branch):
         assert int(out.tree_next[1 + node]) == int(logits.argmax())
     verifier.commit(pre.cache, out, branch)
     path = tree.tokens[branch].tolist()
-    assert pre.cache.get_seq_length() == 5 + len(path)
+    assert verifier.cache_length(pre.cache) == 5 + len(path)
     follow = verifier.verify(pre.cache, [90], DraftTree.chain([92]))
     for slot, tail in enumerate([[90], [90, 92]]):
         _, logits = full_forward(model, embeds, path + tail)
         torch.testing.assert_close(model.lm_head(follow.hidden[slot]), logits, atol=1e-4, rtol=0)
 
 
+@each_verifier
 @pytest.mark.parametrize("extra_roots", [[], [95, 96]])  # several roots: tokens a verify-skip emitted unseen
 @pytest.mark.parametrize("branch", [[0, 1, 2], [3, 4], []])  # a leading chain (crop), a side branch, nothing
-def test_commit_compacts_to_the_accepted_path(branch, extra_roots):
+def test_commit_compacts_to_the_accepted_path(branch, extra_roots, kind):
     model, embeds = tiny_target(1), prefix(1, 4)
-    verifier = Verifier(model)
+    verifier = VERIFIERS[kind](model)
     pre = verifier.prefill(embeds)
     tree = DraftTree.from_sequences([[60, 70, 80], [61, 71, 81]])
     roots = [pre.token] + extra_roots
     out = verifier.verify(pre.cache, roots, tree)
     verifier.commit(pre.cache, out, branch)
     path = roots + tree.tokens[branch].tolist()
-    assert pre.cache.get_seq_length() == 4 + len(path)
+    assert verifier.cache_length(pre.cache) == 4 + len(path)
     # decoding continues as if the target had processed only prefix + accepted path
     follow = verifier.verify(pre.cache, [90, 91], DraftTree.chain([92]))
     for slot, tail in enumerate([[90], [90, 91], [90, 91, 92]]):
@@ -362,10 +373,11 @@ def test_commit_compacts_to_the_accepted_path(branch, extra_roots):
         torch.testing.assert_close(model.lm_head(follow.hidden[slot]), logits, atol=1e-4, rtol=0)
 
 
+@each_verifier
 @pytest.mark.parametrize("n", [1, 5, 8])
-def test_ar_is_the_loop_without_proposer(n):
+def test_ar_is_the_loop_without_proposer(n, kind):
     model, embeds = tiny_target(2), prefix(2, 6)
-    result = SpeculativeDecoder(Verifier(model), DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)).decode(embeds)
+    result = SpeculativeDecoder(VERIFIERS[kind](model), DecodeConfig(n_tokens=n, vocab_size=VOCAB, n_bins=256)).decode(embeds)
     assert result.tokens == reference_ar(model, embeds, n)[0]
     assert result.target_forwards == n and result.accepted_lengths == [0] * (n - 1)
     assert result.tokens_per_forward == 1.0
@@ -421,10 +433,11 @@ def test_decoder_rejects_groups_of_another_action_size():
         )
 
 
+@each_verifier
 @FAST
 @given(seed=st.integers(0, 2), prefix_len=st.integers(1, 6), n=st.integers(1, 8),
        warm=st.sampled_from(["none", "exact", "noisy"]))
-def test_jacobi_decoding_is_ar(seed, prefix_len, n, warm):
+def test_jacobi_decoding_is_ar(kind, seed, prefix_len, n, warm):
     """PD-VLA's Jacobi iterations with exact acceptance return AR's tokens, warm-started or not,
     and a correct warm start needs a single pass after the prefill, or none when the prefill verifies it."""
     model, embeds = tiny_target(seed), prefix(seed, prefix_len)
@@ -432,7 +445,7 @@ def test_jacobi_decoding_is_ar(seed, prefix_len, n, warm):
     ar = SpeculativeDecoder(Verifier(model), config).decode(embeds)
     previous = {"none": None, "exact": ar.tokens, "noisy": [min(t + 1, VOCAB - 1) for t in ar.tokens]}[warm]
     for fused in (False, True):
-        decoder = SpeculativeDecoder(Verifier(model), config, JacobiProposer(fused), ExactAcceptance())
+        decoder = SpeculativeDecoder(VERIFIERS[kind](model), config, JacobiProposer(fused), ExactAcceptance())
         result = decoder.decode(embeds, {"previous_action": previous})
         assert result.tokens == ar.tokens
         assert result.target_forwards <= ar.target_forwards

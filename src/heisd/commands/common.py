@@ -30,6 +30,11 @@ TOLERANCE_HELP = (
     "e.g. scale=0.5,floor=2")
 
 
+CUDA_GRAPHS_HELP = ("target on a CUDA device: run its passes on a static KV cache, each pass shape captured once "
+                    "as a CUDA graph and replayed (the same tokens; a pass launches at once instead of kernel by "
+                    "kernel, which is what bounds a 7B target at batch 1)")
+
+
 def add_target_arguments(p: argparse.ArgumentParser, default: str | None = None, target: bool = True) -> None:
     """--target (required unless `default`; left out with `target=False`) and how it is loaded:
     the same flags wherever a target is loaded."""
@@ -100,6 +105,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
                         "where a pass costs about the same whatever its tokens (a GPU), not on a small CPU target")
     p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
     p.add_argument("--tolerance", default=d("tolerance"), metavar="SPEC", help=TOLERANCE_HELP)
+    p.add_argument("--cuda-graphs", action="store_true", help=CUDA_GRAPHS_HELP)
 
 
 def add_method_arguments(p: argparse.ArgumentParser, method: bool = True, benchmark: str | None = "mw",
@@ -152,7 +158,7 @@ def _method_config(args: argparse.Namespace, method: str | None = None, **overri
         retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
         retrieval_fallback=args.retrieval_fallback, drafter_tree=args.drafter_tree,
         continuation=not args.no_continuation, fused_prefill=args.fused_prefill,
-        group_acceptance=not args.no_group_acceptance, tolerance=args.tolerance,
+        group_acceptance=not args.no_group_acceptance, tolerance=args.tolerance, cuda_graphs=args.cuda_graphs,
     )
     optional = dict(relaxed_r="relaxed_r", verify_skip="no_verify_skip", prefill_skip="no_prefill_skip",
                     gripper_guard="no_gripper_guard",

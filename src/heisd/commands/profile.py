@@ -16,7 +16,7 @@ PROFILE = OutputKind("profile", json_file_with("target", "device", "versions"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from heisd.commands.common import TARGET_HELP, add_target_arguments
+    from heisd.commands.common import CUDA_GRAPHS_HELP, TARGET_HELP, add_target_arguments
 
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--target", type=Path, help=TARGET_HELP)
@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CUDA only: also read each piece's GPU kernel time and kernel count per call with "
                         "torch.profiler (5 more calls each, after the timing); a kernel time far below the median "
                         "means the piece is bound by the host launching its kernels, not by the GPU")
+    p.add_argument("--cuda-graphs", action="store_true", help=CUDA_GRAPHS_HELP + "; each pass shape is "
+                   "captured in the untimed warm-up runs")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and of the profiled frame")
 
@@ -110,15 +112,17 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.out, PROFILE, args.overwrite)
     torch.set_num_threads(args.threads)
     device, dtype = target_device(args)
-    if args.device_work and device.type != "cuda":
-        raise SystemExit(f"heisd profile: --device-work reads CUDA's kernel records; --device is {device} "
-                         "(use --device cuda, or leave the flag out)")
+    for flag, why in (("device_work", "reads CUDA's kernel records"), ("cuda_graphs", "replays CUDA graphs")):
+        if getattr(args, flag) and device.type != "cuda":
+            raise SystemExit(f"heisd profile: --{flag.replace('_', '-')} {why}; --device is {device} "
+                             "(use --device cuda, or leave the flag out)")
     try:
         target, name, drafter, datastore = _load(args, device, dtype)
     except (CheckpointError, DrafterError, DatastoreError) as e:
         raise SystemExit(f"heisd profile: {e}") from e
     config = ProfileConfig(repeats=args.repeats, warmup=args.warmup, tree_sizes=tuple(args.tree_sizes),
-                           seed=args.seed, rounds=args.rounds, device_work=args.device_work)
+                           seed=args.seed, rounds=args.rounds, device_work=args.device_work,
+                           cuda_graphs=args.cuda_graphs)
     try:
         pieces = profile_target(target, config, drafter, datastore)
     except ValueError as e:  # e.g. a datastore whose keys do not fit this target

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache
 
 from heisd.decoding.acceptance import AcceptanceRule, ActionVocab, ExactAcceptance
 from heisd.decoding.tree import DraftTree
@@ -49,7 +49,7 @@ class DecodeState:
     hidden: torch.Tensor  # [m, d] target lm_head inputs of the latest pass; row j predicted emitted[j - m]
     prefill_hidden: torch.Tensor  # [d] lm_head input at the last prefix position
     verifier: Verifier
-    cache: DynamicCache
+    cache: Cache
     context: dict[str, Any]  # per-step info from the caller (e.g. the current image feature)
 
     @property
@@ -241,7 +241,7 @@ class SpeculativeDecoder:
         self,
         tree: DraftTree,
         verification: Verification,
-        cache: DynamicCache,
+        cache: Cache,
         emitted: list[int],
         n_pending: int,
         context: dict[str, Any],

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import Cache, DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from heisd.decoding.tree import DraftTree
@@ -23,7 +23,7 @@ from heisd.errors import ConfigError, NonFiniteError
 
 @dataclass
 class Prefill:
-    cache: DynamicCache  # KV of the prefix only
+    cache: Cache  # KV of the prefix only
     token: int  # the target's greedy first token
     hidden: torch.Tensor  # [d] lm_head input at the last prefix position (it predicted ``token``)
 
@@ -67,8 +67,7 @@ class Verifier:
         """`label` names the pass in the error raised when its logits are not finite."""
         if prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != 1:
             raise ValueError(f"prefix_embeds must be [1, P, d], got {tuple(prefix_embeds.shape)}")
-        cache = DynamicCache(config=self.model.config)
-        check_cache(cache)
+        cache = self._new_cache()
         out = self.decoder(inputs_embeds=prefix_embeds, cache=cache, use_cache=True)
         hidden = out.last_hidden_state[0, -1]
         token = int(self._greedy(self.lm_head(hidden), label))
@@ -87,8 +86,7 @@ class Verifier:
         """
         if prefix_embeds.dim() != 3 or prefix_embeds.shape[0] != 1:
             raise ValueError(f"prefix_embeds must be [1, P, d], got {tuple(prefix_embeds.shape)}")
-        cache = DynamicCache(config=self.model.config)
-        check_cache(cache)
+        cache = self._new_cache()
         n_prefix = prefix_embeds.shape[1]
         nodes = self.model.get_input_embeddings()(tree.tokens.to(self.device))[None].to(prefix_embeds.dtype)
         verification = self._tree_pass(
@@ -100,7 +98,7 @@ class Verifier:
     @torch.no_grad()
     def verify(
         self,
-        cache: DynamicCache,
+        cache: Cache,
         roots: int | Sequence[int],
         tree: DraftTree,
         label: str = "a verify pass",
@@ -116,7 +114,7 @@ class Verifier:
 
     def _tree_pass(
         self,
-        cache: DynamicCache,
+        cache: Cache,
         inputs: torch.Tensor,
         n_roots: int,
         tree: DraftTree,
@@ -127,59 +125,85 @@ class Verifier:
         """One forward over [roots, tree nodes] (ids [1, R+N], or embeddings [1, R+N, d] with ``embeds``)
         on top of ``cache``. Token roots keep a row each; embedding roots (a prefix) keep only their
         last, the one whose next token starts the action: the lm_head never runs on the others."""
-        past_len = cache.get_seq_length()
+        past_len = self.cache_length(cache)
         positions = torch.cat([torch.arange(n_roots), n_roots - 1 + tree.depth]) + past_len
-        out = self.decoder(
-            **{"inputs_embeds" if embeds else "input_ids": inputs},
-            attention_mask=self._attention_mask(n_roots, tree, past_len),
-            position_ids=positions[None].to(self.device),
-            cache=cache,
-            use_cache=True,
-        )
         kept = n_roots - 1 if embeds else 0
-        hidden = out.last_hidden_state[0, kept:]
-        logits = self.lm_head(hidden)
-        tokens = self._greedy(logits, label)
+        hidden, tokens, top = self._forward(
+            cache, inputs, embeds, self._attention_mask(n_roots, tree, past_len), positions[None], kept, margins
+        )
+        _check_finite(top[:, 0], label)
         past_len, n_roots = past_len + kept, n_roots - kept
         if not margins:
             return Verification(past_len, n_roots, tokens, hidden)
-        top2 = logits.topk(2, dim=-1).values.float().cpu()
-        return Verification(past_len, n_roots, tokens, hidden, top2[:, 0] - top2[:, 1])
+        return Verification(past_len, n_roots, tokens, hidden, top[:, 0] - top[:, 1])
+
+    def _forward(
+        self,
+        cache: Cache,
+        inputs: torch.Tensor,
+        embeds: bool,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        kept: int,
+        margins: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The target's forward on top of ``cache`` (which it extends): (lm_head inputs of rows ``kept:``,
+        their greedy tokens on the CPU, their top logit, or top two with ``margins``, as float32 on the CPU)."""
+        out = self.decoder(
+            **{"inputs_embeds" if embeds else "input_ids": inputs},
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            cache=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state[0, kept:]
+        logits = self.lm_head(hidden)
+        tokens = logits.argmax(-1)
+        top = logits.topk(2, dim=-1).values if margins else logits.gather(-1, tokens.unsqueeze(-1))
+        return hidden, tokens.cpu(), top.float().cpu()
+
+    def _new_cache(self) -> Cache:
+        """An empty KV cache for a prefill."""
+        cache = DynamicCache(config=self.model.config)
+        check_cache(cache)
+        return cache
+
+    def cache_length(self, cache: Cache) -> int:
+        """Positions ``cache`` holds."""
+        return cache.get_seq_length()
+
+    def rollback(self, cache: Cache, n: int) -> None:
+        """Forget the last ``n`` positions of ``cache`` (a pass that is not committed, e.g. a timed one)."""
+        if n:
+            cache.crop(-n)
 
     @staticmethod
     def _greedy(logits: torch.Tensor, label: str) -> torch.Tensor:
-        """argmax over the last dim, on the CPU; refused when a greedy token's logit is NaN or inf.
-
-        argmax picks a NaN or +inf wherever a row holds one, so checking the chosen logits
-        ([rows] values copied with the tokens, no extra pass over the vocabulary) catches every
-        row whose greedy token is garbage; NaN weights would otherwise decode to one
-        edge-of-range action every step.
-        """
+        """argmax over the last dim, on the CPU; refused when a greedy token's logit is NaN or inf."""
         tokens = logits.argmax(-1)
-        top = logits.gather(-1, tokens.unsqueeze(-1)).cpu()
-        tokens = tokens.cpu()
-        if not bool(torch.isfinite(top).all()):
-            raise NonFiniteError(
-                f"the target produced non-finite logits (NaN/inf) in {label}: its weights "
-                "hold NaN/inf or its activations overflow the dtype (try --dtype float32)"
-            )
-        return tokens
+        _check_finite(logits.gather(-1, tokens.unsqueeze(-1)).cpu(), label)
+        return tokens.cpu()
 
     def _attention_mask(self, n_roots: int, tree: DraftTree, past_len: int) -> torch.Tensor:
-        # Additive float mask (0 / finfo.min), shape (1, 1, q, past+q): transformers passes a
-        # 4-D mask through unchanged, and a bool one is silently wrong with eager attention.
+        # Additive float mask (0 / finfo.min), shape (1, 1, q, kv): transformers passes a 4-D mask
+        # through unchanged, and a bool one is silently wrong with eager attention. kv is past+q
+        # here; a static cache's columns past that stay masked.
         q = n_roots + len(tree)
         allowed = torch.zeros(q, q, dtype=torch.bool)
         allowed[:n_roots, :n_roots] = torch.ones(n_roots, n_roots, dtype=torch.bool).tril()
         allowed[n_roots:, : n_roots - 1] = True  # every node sees all roots
         allowed[n_roots - 1 :, n_roots - 1 :] = tree.ancestor_mask()
         dtype = self.model.dtype
-        mask = torch.zeros(1, 1, q, past_len + q, dtype=dtype)
-        mask[0, 0, :, past_len:].masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask.to(self.device)
+        mask = torch.full((1, 1, q, self._kv_length(past_len + q)), torch.finfo(dtype).min, dtype=dtype)
+        mask[0, 0, :, :past_len] = 0
+        mask[0, 0, :, past_len : past_len + q].masked_fill_(allowed, 0)
+        return mask
 
-    @staticmethod
-    def commit(cache: DynamicCache, verification: Verification, accepted_nodes: Sequence[int]) -> None:
+    def _kv_length(self, length: int) -> int:
+        """Key columns of a pass's mask when the cache holds ``length`` positions after it."""
+        return length
+
+    def commit(self, cache: Cache, verification: Verification, accepted_nodes: Sequence[int]) -> None:
         """Keep in the cache only the prefix, the roots and the accepted path, in place (EAGLE's
         way): the accepted nodes' rows move up behind the roots, then the tail is cut off. Only
         those rows are copied, never the prefix (~300 positions x 32 layers at OpenVLA-7B). `cache`
@@ -197,9 +221,22 @@ class Verifier:
                 src, dst = source.to(keys.device), target.to(keys.device)
                 keys[:, :, dst] = keys[:, :, src]
                 values[:, :, dst] = values[:, :, src]
-        total = cache.get_seq_length()
-        if total > start + kept:
-            cache.crop(start + kept - total)
+        self.rollback(cache, self.cache_length(cache) - start - kept)
+
+
+def _check_finite(top: torch.Tensor, label: str) -> None:
+    """Refuse a pass whose greedy logits (``top``, one per row) hold NaN or inf.
+
+    argmax picks a NaN or +inf wherever a row holds one, so checking the chosen logits
+    ([rows] values copied with the tokens, no extra pass over the vocabulary) catches every
+    row whose greedy token is garbage; NaN weights would otherwise decode to one
+    edge-of-range action every step.
+    """
+    if not bool(torch.isfinite(top).all()):
+        raise NonFiniteError(
+            f"the target produced non-finite logits (NaN/inf) in {label}: its weights "
+            "hold NaN/inf or its activations overflow the dtype (try --dtype float32)"
+        )
 
 
 def check_cache(cache: DynamicCache) -> None:

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from heisd.decoding import DecodeState, DraftTree, Verifier
+from heisd.decoding import DecodeState, DraftTree
+from heisd.decoding.graphs import make_verifier
 from heisd.decoding.vocab import ActionVocab
 from heisd.drafter.config import TreeConfig
 from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
@@ -44,6 +45,7 @@ class ProfileConfig:
     # in machine load (a shared machine) hits all alike; 1: each piece once, start to end
     rounds: int = 10
     device_work: bool = False  # CUDA: also each piece's GPU kernel time and kernel count (`timer.device_work`)
+    cuda_graphs: bool = False  # CUDA: the target's passes on a static cache, replayed as CUDA graphs (`StaticVerifier`)
 
 
 def branching_tree(n: int, branching: int, first_action_id: int, n_bins: int) -> DraftTree:
@@ -71,18 +73,22 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
 
     work: dict[str, Piece] = {"vision": (lambda: target.encode_observation(frame, prompt, state), None)}
     prefix, key = target.encode_observation(frame, prompt, state)
-    verifier = Verifier(llm)
+    verifier = make_verifier(llm, config.cuda_graphs)
     work["prefill"] = (lambda: verifier.prefill(prefix), None)
     pre = verifier.prefill(prefix)
     root = [pre.token]
     first_action = ActionVocab(spec.vocab_size, spec.n_bins).first_id
     fused = branching_tree(RetrievalConfig.node_budget, config.tree_branching, first_action, spec.n_bins)
-    work["fused_prefill"] = (lambda: verifier.prefill_verify(prefix, fused), None)
-    work["decode_step"] = (lambda: verifier.verify(pre.cache, root, DraftTree.empty()), lambda _: pre.cache.crop(-1))
+    # every timed pass is rolled back after it; a static-cache verifier's prefills refill one cache
+    # (the same prefix, so the same rows), and the fused one leaves its tree's rows to roll back
+    work["fused_prefill"] = (lambda: verifier.prefill_verify(prefix, fused),
+                             lambda done: verifier.rollback(done[0].cache, len(fused)))
+    work["decode_step"] = (lambda: verifier.verify(pre.cache, root, DraftTree.empty()),
+                           lambda _: verifier.rollback(pre.cache, 1))
     for n in config.tree_sizes:
         tree = branching_tree(n, config.tree_branching, first_action, spec.n_bins)
         work[f"tree_verify/{n}"] = (lambda tree=tree: verifier.verify(pre.cache, root, tree),
-                                    lambda _, n=n: pre.cache.crop(-(1 + n)))
+                                    lambda _, n=n: verifier.rollback(pre.cache, 1 + n))
     # the step right after its prefill, as the proposers see it
     after_prefill = DecodeState(list(root), spec.n_action_tokens, pre.hidden[None], pre.hidden, verifier, pre.cache, {})
     if drafter is not None:
@@ -108,8 +114,8 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         work["retrieval_proposal"] = (lambda: (retrieving.begin_step(step), retrieving.propose(after_prefill)), None)
     timings = measure_rounds(work, device, config.repeats, config.warmup, min(config.rounds, config.repeats))
     gpu = device_work(work, device) if config.device_work else {}
-    if pre.cache.get_seq_length() != prefix.shape[1]:  # every timed pass must have been rolled back
-        raise RuntimeError(f"KV cache holds {pre.cache.get_seq_length()} positions after profiling, "
+    if verifier.cache_length(pre.cache) != prefix.shape[1]:  # every timed pass must have been rolled back
+        raise RuntimeError(f"KV cache holds {verifier.cache_length(pre.cache)} positions after profiling, "
                            f"not {prefix.shape[1]}")
     pieces: dict[str, Any] = {"tree_verify": {}}
     for name, timing in timings.items():
@@ -125,5 +131,6 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         "fused_prefill_nodes": RetrievalConfig.node_budget,
         "drafter_tree": asdict(config.tree),
         "repeats": config.repeats, "warmup": config.warmup, "rounds": min(config.rounds, config.repeats),
+        "cuda_graphs": config.cuda_graphs,
         "pieces_ms": pieces,
     }

@@ -80,6 +80,9 @@ class MethodConfig:
     # exact acceptance and no skips in every mode: the tokens are AR's, bit for bit. For heisd it is
     # also the paper's first ablation rung ("metric only": the switch with plain retrieval drafts)
     lossless: bool = False
+    # how the target's passes run, not what they compute: a static KV cache and each pass shape
+    # replayed as a CUDA graph (the target on a CUDA device); the tokens are the same
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -171,11 +174,11 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None, drafter=None) -> tu
     """({mode: SpeculativeDecoder}, the RetrievalProposer or None): every decoder a method runs,
     built one way for eval, replay, bench and calibrate, so what is calibrated is what runs.
     `drafter`: the loaded Drafter module of `cfg.drafter` (None: loaded here)."""
-    from heisd.decoding import (DecodeConfig, ExactAcceptance, JacobiProposer, SpeculativeDecoder,
-                                TokenRelaxedAcceptance, Verifier)
+    from heisd.decoding import DecodeConfig, ExactAcceptance, JacobiProposer, SpeculativeDecoder, TokenRelaxedAcceptance
     from heisd.decoding.fallback import CostFallback
+    from heisd.decoding.graphs import make_verifier
 
-    verifier = Verifier(target.llm)
+    verifier = make_verifier(target.llm, cfg.cuda_graphs)
     spec = target.spec
     dcfg = DecodeConfig(n_tokens=spec.n_action_tokens, vocab_size=spec.vocab_size, n_bins=spec.n_bins)
     drafter = _drafter_proposer(cfg, drafter or load_drafter(cfg, target)) if cfg.drafter else None
