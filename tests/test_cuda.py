@@ -139,6 +139,38 @@ def test_graph_replays_equal_the_same_passes_run_eagerly(dtype):
     assert eager.captured == 0
 
 
+@pytest.mark.parametrize("kind", ["small-vla", "openvla"])
+def test_graphed_vision_equals_the_eager_towers(kind):
+    """`use_cuda_graphs`: the vision of either target, replayed as a CUDA graph, gives the eager prefix
+    and retrieval key, for each new frame (the graph reads its input buffer afresh on every replay)."""
+    import numpy as np
+
+    from heisd.targets.openvla.synthetic import random_openvla
+    from heisd.targets.vla import VLA, NormStats, TextTokenizer, VLAConfig
+
+    if kind == "small-vla":  # (not tests/helpers.py's: that imports the simulator, which a GPU machine may lack)
+        torch.manual_seed(0)
+        text = TextTokenizer.train(["put the bowl on the stove"])
+        norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(3), state_std=np.ones(3))
+        config = VLAConfig(text_vocab_size=text.vocab_size, state_dim=3, hidden_size=32, n_layers=1, n_heads=4,
+                           intermediate_size=64, image_size=16, vision_channels=(8, 16), max_positions=64)
+        target = VLA(config, norm, text).eval().to("cuda")
+    else:
+        target = random_openvla("tiny", "cuda")
+    rng = np.random.default_rng(0)
+    prompt = target.encode_prompt("put the bowl on the stove")
+    state = torch.zeros(1, target.spec.state_dim) if target.spec.state_dim else None
+    frames = [torch.from_numpy(rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8)) for _ in range(3)]
+    with torch.no_grad():
+        eager = [target.encode_observation(f, prompt, state) for f in frames]
+        target.use_cuda_graphs()
+        graphed = [target.encode_observation(f, prompt, state) for f in frames]
+    for (prefix_e, key_e), (prefix_g, key_g) in zip(eager, graphed):
+        torch.testing.assert_close(prefix_g, prefix_e, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(key_g, key_e, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(graphed[0][1], graphed[1][1])  # new frames, new outputs
+
+
 def test_bfloat16_ar_on_cuda_keeps_the_reference_tokens_where_margins_are_wide():
     """bf16 on the GPU changes a greedy token only where fp32's top-2 logits are close."""
     model, reference = on_cuda(2, "sdpa", torch.bfloat16)

@@ -87,3 +87,10 @@ def test_load_target_in_bfloat16_keeps_the_checkpoints_identity(tmp_path, tiny_o
                                                                          spec.n_bins)).decode(prefix).tokens
         assert prefix.dtype == torch.bfloat16 and torch.isfinite(key_vector).all()
         assert all(spec.vocab_size - spec.n_bins <= t < spec.vocab_size for t in tokens)
+
+
+def test_cuda_graphs_are_refused_off_cuda(target):
+    from heisd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="CUDA graphs need the target on a CUDA device; it is on cpu"):
+        target.use_cuda_graphs()

@@ -14,7 +14,6 @@ CPU tests check this path against the dynamic-cache `Verifier`, token for token.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -22,6 +21,7 @@ import torch
 from transformers import Cache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
+from heisd.cuda_graphs import capture, require_cuda
 from heisd.decoding.tree import DraftTree
 from heisd.decoding.verifier import Prefill, Verifier
 from heisd.errors import ConfigError
@@ -53,8 +53,8 @@ class StaticVerifier(Verifier):
 
     def __init__(self, model: PreTrainedModel, graphs: bool = False, headroom: int = 384):
         super().__init__(model)
-        if graphs and self.device.type != "cuda":
-            raise ConfigError(f"CUDA graphs need the target on a CUDA device; it is on {self.device}")
+        if graphs:
+            require_cuda(self.device, "the target")
         if headroom < 1:
             raise ConfigError(f"headroom must be >= 1 position, got {headroom}")
         self.graphs, self.headroom = graphs, headroom
@@ -139,20 +139,12 @@ class StaticVerifier(Verifier):
         inputs = torch.zeros_like(like, device=self.device)
         positions = torch.arange(q, device=self.device)[None] + self._length
         mask = torch.zeros(1, 1, q, self.max_len, dtype=self.model.dtype, device=self.device)
-        run: Callable[[], Outputs] = lambda: self._run(inputs, positions, mask, kept)  # noqa: E731
-        # warm-up runs on a side stream, as capture requires; they write rows past the cache's length
-        # (masked, overwritten later) and advance the layers' write position, which is put back
-        length, stream = self._length, torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-                self._set_length(length)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = run()
-        self._set_length(length)
+        # the warm-up runs write rows past the cache's length (masked, overwritten later) and advance
+        # the layers' write position, which is put back
+        length = self._length
+        graph, outputs = capture(
+            lambda: self._run(inputs, positions, mask, kept), self._pool, lambda: self._set_length(length)
+        )
         return _Graph(graph, inputs, positions, mask, outputs)
 
     def _allocate(self, need: int) -> StaticCache:

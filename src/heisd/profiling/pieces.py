@@ -71,9 +71,11 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
     state = spec.state_input(np.zeros((1, spec.state_dim)))
     prompt = target.encode_prompt(config.instruction)
 
+    verifier = make_verifier(llm, config.cuda_graphs)
+    if config.cuda_graphs:
+        target.use_cuda_graphs()
     work: dict[str, Piece] = {"vision": (lambda: target.encode_observation(frame, prompt, state), None)}
     prefix, key = target.encode_observation(frame, prompt, state)
-    verifier = make_verifier(llm, config.cuda_graphs)
     work["prefill"] = (lambda: verifier.prefill(prefix), None)
     pre = verifier.prefill(prefix)
     root = [pre.token]

@@ -98,3 +98,5 @@ class Target(Protocol):
         ...
 
     def fingerprint(self) -> str: ...  # identifies the target's weights (datastores and drafters bind to it)
+
+    def use_cuda_graphs(self) -> None: ...  # replay its vision as CUDA graphs from now on (a CUDA device only)

@@ -20,6 +20,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from heisd.config_types import check_types
+from heisd.cuda_graphs import GraphedCall, require_cuda
 from heisd.targets.base import TargetSpec, TeacherForced
 from heisd.targets.vla.action_tokenizer import ActionTokenizer
 from heisd.targets.vla.text_tokenizer import TextTokenizer
@@ -150,6 +151,11 @@ class VLA(nn.Module):
                           image_size=c.image_size, state_dim=c.state_dim, pad_id=self.text_tokenizer.pad_id)
 
     # ----- prefix -----
+    def use_cuda_graphs(self) -> None:
+        """Replay the vision CNN as a CUDA graph per frame batch shape (inference)."""
+        require_cuda(self.vision.coords.device, "the target")
+        self.vision.graphed = GraphedCall(self.vision.net)
+
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> [B, grid*grid, d]."""
         return self.projector(self.vision(images))

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from heisd.cuda_graphs import GraphedCall
+
 
 def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     """uint8 [B, H, W, 3] -> uint8 [B, size, size, 3] (area filter, rounded).
@@ -58,6 +60,7 @@ class VisionEncoder(nn.Module):
         self.grid = image_size // 2 ** len(channels)
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, image_size), torch.linspace(-1, 1, image_size), indexing="ij")
         self.register_buffer("coords", torch.stack([xs, ys]).unsqueeze(0), persistent=False)
+        self.graphed: GraphedCall | None = None  # the conv stack replayed as a CUDA graph (inference)
 
     def feature_map(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> features [B, C, grid, grid]. Random shift only in training mode."""
@@ -66,7 +69,7 @@ class VisionEncoder(nn.Module):
         if self.training and self.shift_pad > 0:
             x = random_shift(x, self.shift_pad)
         x = torch.cat([x, self.coords.expand(x.shape[0], -1, -1, -1)], dim=1)
-        return self.net(x)
+        return self.graphed(x) if self.graphed is not None and not self.training else self.net(x)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> image tokens [B, grid*grid, C]."""
