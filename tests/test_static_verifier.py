@@ -67,7 +67,7 @@ def test_bad_uses_are_refused():
     other = Verifier(model).prefill(prefix(0, 4)).cache
     with pytest.raises(ValueError, match="its own latest prefill only"):
         verifier.verify(other, [60], DraftTree.empty())
-    with pytest.raises(ConfigError, match="CUDA graphs need the target on a CUDA device; it is on cpu"):
+    with pytest.raises(ConfigError, match=r"CUDA graphs \(--cuda-graphs\) need the target on a CUDA device \(--device cuda\); it is on cpu"):
         make_verifier(model, cuda_graphs=True)
     with pytest.raises(ConfigError, match="headroom must be >= 1"):
         StaticVerifier(model, headroom=0)

@@ -92,5 +92,5 @@ def test_load_target_in_bfloat16_keeps_the_checkpoints_identity(tmp_path, tiny_o
 def test_cuda_graphs_are_refused_off_cuda(target):
     from heisd.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="CUDA graphs need the target on a CUDA device; it is on cpu"):
+    with pytest.raises(ConfigError, match=r"CUDA graphs \(--cuda-graphs\) need the target on a CUDA device \(--device cuda\); it is on cpu"):
         target.use_cuda_graphs()

@@ -62,4 +62,4 @@ def require_cuda(device: torch.device, what: str) -> None:
     from heisd.errors import ConfigError
 
     if device.type != "cuda":
-        raise ConfigError(f"CUDA graphs need {what} on a CUDA device; it is on {device}")
+        raise ConfigError(f"CUDA graphs (--cuda-graphs) need {what} on a CUDA device (--device cuda); it is on {device}")
