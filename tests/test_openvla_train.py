@@ -239,3 +239,28 @@ def test_init_from_at_another_patch_size_keeps_every_other_weight(tmp_path):
 def test_a_patch_size_must_divide_the_frame():
     with pytest.raises(UsageError, match="--patch-size must divide"):
         OpenVLAShape(patch_size=15)
+
+
+def test_the_auxiliary_state_loss_trains_the_towers_and_is_never_saved(tmp_path):
+    """--aux-state-weight: the image tokens also regress the recorded end-effector and finger positions.
+    The towers then train differently from a run without it (same seed), the checkpoint holds exactly
+    the target's keys (the head lives in train_state.pt only), and a resume must keep the setting."""
+    import dataclasses
+
+    paths = _demos(tmp_path)
+    train_openvla(paths, tmp_path / "plain", _cfg(3), TINY)
+    train_openvla(paths, tmp_path / "aux", _cfg(3), dataclasses.replace(TINY, aux_state_weight=1.0))
+    plain = torch.load(tmp_path / "plain" / "train_state.pt", weights_only=True)
+    aux = torch.load(tmp_path / "aux" / "train_state.pt", weights_only=True)
+    assert set(aux["model"]) == set(plain["model"]) and "aux" in aux and "aux" not in plain
+    assert aux["aux"]["head.weight"].shape[0] == 3 + 2  # end-effector xyz, two fingers
+    tower = next(k for k in aux["model"] if k.startswith("vision_backbone") and k.endswith("weight"))
+    assert not torch.equal(aux["model"][tower], plain["model"][tower])
+    target = load_target(tmp_path / "aux")
+    assert set(target.state_dict()) == set(aux["model"])
+    info = json.loads((tmp_path / "aux" / "train_info.json").read_text())
+    assert info["model_config"]["aux_state_weight"] == 1.0
+    with pytest.raises(UsageError, match="--resume with a different --aux-state-weight"):
+        train_openvla(paths, tmp_path / "aux", _cfg(5), TINY, resume=True)
+    with pytest.raises(UsageError, match="--aux-state-weight must be >= 0"):
+        OpenVLAShape(aux_state_weight=-1.0)

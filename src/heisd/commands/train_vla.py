@@ -66,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "unchanged and the fingers at rest, as OpenVLA's LIBERO data leaves out no-op steps (0 "
                            "keeps all): a target that reads no state cannot see how long the experts' grasp wait "
                            "has lasted, but it must see the fingers closing labelled 'close'")
+    size.add_argument("--aux-state-weight", type=float, default=0.0,
+                      help="openvla: > 0 also trains the image tokens to predict the recorded end-effector and finger "
+                           "positions (a linear head, squared error of the standardized values, this weight beside the "
+                           "action loss; training only: the saved target still reads images alone, as OpenVLA does)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,7 +117,8 @@ def _train_openvla(args: argparse.Namespace, cfg, device: str) -> dict:
         raise UsageError("--shift-pad is heisd's small VLA's augmentation; --arch openvla trains with OpenVLA's random "
                          "crops (--crop-area)")
     shape = OpenVLAShape(hidden_size=args.hidden_size, layers=args.layers, crop_area=args.crop_area,
-                         noop_threshold=args.noop_threshold, patch_size=args.patch_size)
+                         noop_threshold=args.noop_threshold, patch_size=args.patch_size,
+                         aux_state_weight=args.aux_state_weight)
     return train_openvla(list(args.demos), args.out, cfg, shape, resume=args.resume, overwrite=args.overwrite,
                          skip_invalid=args.skip_invalid_episodes, device=device,
                          workers=args.threads if args.workers is None else args.workers, init_from=args.init_from)

@@ -184,6 +184,10 @@ class DemoFile:
         """(T, G) finger positions of one episode, without reading its frames."""
         return _gripper_states(self._group(name))
 
+    def ee_positions(self, name: str) -> np.ndarray:
+        """(T, 3) end-effector positions of one episode, without reading its frames."""
+        return np.asarray(self._group(name)["obs/ee_pos"][()], dtype=np.float32)
+
     def _group(self, name: str):
         if name not in self._names:
             raise DemoFormatError(f"{self.path}: no episode data/{name}")

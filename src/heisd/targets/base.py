@@ -54,6 +54,7 @@ def resolve_unnorm_key(key: str, known: Iterable[str]) -> str | None:
 class TeacherForced:
     logits: torch.Tensor  # [B, n_action_tokens, padded_vocab]: logits predicting each action token
     hidden: torch.Tensor  # [B, n_action_tokens, d]: lm_head inputs at those positions
+    features: torch.Tensor | None = None  # [B, N, d]: the image tokens of the prefix (an auxiliary loss reads them)
 
 
 class ActionCodec(Protocol):

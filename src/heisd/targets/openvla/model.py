@@ -154,7 +154,7 @@ class OpenVLA(nn.Module):
             emb, mask = torch.stack(rows), torch.stack(masks)
         kwargs = {} if mask is None else {"attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
         hidden = self.language_model.model(inputs_embeds=emb, use_cache=False, **kwargs).last_hidden_state[:, -n:]
-        return TeacherForced(logits=self.language_model.lm_head(hidden), hidden=hidden)
+        return TeacherForced(logits=self.language_model.lm_head(hidden), hidden=hidden, features=patches)
 
     def fingerprint(self) -> str:
         """sha256 of the checkpoint's files, computed once (hashing 15 GB takes seconds, so only on demand)."""

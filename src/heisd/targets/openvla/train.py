@@ -40,8 +40,8 @@ from heisd.targets.openvla.synthetic import IMAGE_SIZE, SHAPES, config_dict, pre
 from heisd.targets.openvla.tiny import save_sharded
 from heisd.targets.openvla.weights import to_file_key
 from heisd.targets.vla.frames import Frames, chunk_targets, episode_rows, left_padded
-from heisd.targets.vla.train import (INFO_FILE, LOG_FILE, TRAIN_STATE_FILE, TrainConfig, TrainingSetup, _split,
-                                     check_resumed_data, fit, guarded_run, resume_state)
+from heisd.targets.vla.train import (INFO_FILE, LOG_FILE, TRAIN_STATE_FILE, AuxiliaryLoss, TrainConfig,
+                                     TrainingSetup, _split, check_resumed_data, fit, guarded_run, resume_state)
 
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -62,10 +62,15 @@ class OpenVLAShape:
     crop_area: float = 0.9  # OpenVLA's random-crop augmentation (its LIBERO eval center-crops this area); 1 = off
     noop_threshold: float = 0.1  # drop steps moving less than this in every dimension, gripper and fingers at rest
     patch_size: int | None = None  # ViT patch size in pixels; None = the base shape's (or the --init-from's)
+    # > 0: the image tokens also predict the recorded end-effector and finger positions, a training-only
+    # loss of this weight (`vla.train.AuxiliaryLoss`); the saved target still reads images alone
+    aux_state_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.crop_area <= 1:
             raise UsageError(f"--crop-area must be in (0, 1], got {self.crop_area}")
+        if not self.aux_state_weight >= 0:
+            raise UsageError(f"--aux-state-weight must be >= 0, got {self.aux_state_weight}")
         if self.patch_size is not None and not (0 < self.patch_size <= IMAGE_SIZE
                                                 and IMAGE_SIZE % self.patch_size == 0):
             raise UsageError(f"--patch-size must divide the {IMAGE_SIZE} px frame, got {self.patch_size}")
@@ -130,6 +135,7 @@ class KeptEpisode(NamedTuple):
     instruction: str
     labels: np.ndarray  # OpenVLA's labels of the kept steps (`openvla_gripper_label`)
     steps: np.ndarray  # indices of the kept steps (`moving_steps`)
+    robot: np.ndarray  # [kept, 3 + G]: end-effector and finger positions at the kept steps (auxiliary targets)
 
 
 def _episodes(paths: Sequence[Path], skip_invalid: bool, noop_threshold: float
@@ -149,9 +155,11 @@ def _episodes(paths: Sequence[Path], skip_invalid: bool, noop_threshold: float
                 if not success and f.attrs.get("source") != "dagger":
                     dropped += 1
                     continue
-                steps = moving_steps(actions, noop_threshold, f.gripper_states(name))
+                fingers = f.gripper_states(name)
+                steps = moving_steps(actions, noop_threshold, fingers)
+                robot = np.concatenate([f.ee_positions(name), fingers], axis=1)[steps]
                 kept.append(KeptEpisode(Path(path), name, f.libero.instruction, openvla_gripper_label(actions[steps]),
-                                        steps))
+                                        steps, robot))
     if not kept:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in paths]}")
     return kept, dropped, invalid, suites.pop() if len(suites) == 1 else "libero"
@@ -185,7 +193,30 @@ def read_frames(episodes: list[KeptEpisode], model: OpenVLA, workers: int) -> Fr
     ids = [tok.encode(chunk_targets(e.labels, 1)).reshape(len(e.labels), -1) for e in episodes]
     return Frames(images=images, states=torch.zeros((n, 0)), action_ids=torch.from_numpy(np.concatenate(ids)),
                   prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                  episode=episode_rows([len(e.labels) for e in episodes]))
+                  episode=episode_rows([len(e.labels) for e in episodes]),
+                  aux=torch.from_numpy(np.concatenate([e.robot for e in episodes]).astype(np.float32)))
+
+
+def _auxiliary_loss(model: OpenVLA, weight: float, frames: list[Frames | None],
+                    state: dict | None) -> AuxiliaryLoss | None:
+    """The robot-state loss of `weight` (None at 0: the frames drop their targets), its targets standardized
+    with the training frames' statistics. A resumed run keeps the head it was started with."""
+    if state is not None and ("aux" in state) != (weight > 0):
+        raise UsageError("--resume with a different --aux-state-weight than the run was started with "
+                         "(with one and without)")
+    if weight == 0:
+        for f in frames:
+            if f is not None:
+                f.aux = None
+        return None
+    train = frames[0]
+    assert train is not None and train.aux is not None
+    mean, std = train.aux.mean(0), train.aux.std(0).clamp(min=1e-6)
+    for f in frames:
+        if f is not None and f.aux is not None:
+            f.aux = (f.aux - mean) / std
+    grid = IMAGE_SIZE // patch_size(model)
+    return AuxiliaryLoss(grid * grid, model.language_model.config.hidden_size, train.aux.shape[1], weight)
 
 
 def new_model(out: Path, config: dict, seed: int) -> OpenVLA:
@@ -280,10 +311,13 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
         check_resumed_data(state, data)
         config = json.loads((out / CONFIG_FILE).read_text())
         config.pop("norm_stats")
+        aux = _auxiliary_loss(model, shape.aux_state_weight, frames, state)
         setup = TrainingSetup(model, frames[0], frames[1], data, dropped, invalid, state,
                               lambda o: save_weights(model, o), {"arch": "openvla", **config,
                                                                   "crop_area": shape.crop_area,
-                                                                  "noop_threshold": shape.noop_threshold})
+                                                                  "noop_threshold": shape.noop_threshold,
+                                                                  "aux_state_weight": shape.aux_state_weight},
+                              aux)
         return fit(setup, out, run_cfg, paths, init_from, torch.device(device), started)
 
     return guarded_run(out, OPENVLA_RUN, resume, overwrite, body)

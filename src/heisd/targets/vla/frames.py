@@ -29,19 +29,22 @@ class Frames:
     prompt_ids: torch.Tensor  # int64 [N_episodes, L_max], LEFT-padded with the pad id
     prompt_mask: torch.Tensor  # int64 [N_episodes, L_max], 1 = real token
     episode: torch.Tensor  # int64 [N]: row of each frame in prompt_ids
+    aux: torch.Tensor | None = None  # float32 [N, k]: an auxiliary loss's targets (`train.AuxiliaryLoss`)
 
     def __len__(self) -> int:
         return len(self.images)
 
     def to(self, device: torch.device | str) -> "Frames":
         """All frames on `device` (a GPU holds them easily), so a batch is gathered there."""
-        return Frames(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+        return Frames(**{f: None if getattr(self, f) is None else getattr(self, f).to(device)
+                         for f in self.__dataclass_fields__})
 
     def batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         idx = idx.to(self.episode.device)
         ep = self.episode[idx]
         return {"images": self.images[idx], "state": self.states[idx], "action_ids": self.action_ids[idx],
-                "prompt_ids": self.prompt_ids[ep], "prompt_mask": self.prompt_mask[ep]}
+                "prompt_ids": self.prompt_ids[ep], "prompt_mask": self.prompt_mask[ep],
+                **({"aux": self.aux[idx]} if self.aux is not None else {})}
 
 
 @dataclass

@@ -61,19 +61,39 @@ def _lr_lambda(cfg: TrainConfig):
     return f
 
 
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
+def _optimizer(modules: Sequence[torch.nn.Module], cfg: TrainConfig) -> torch.optim.AdamW:
+    params = [p for m in modules for p in m.parameters()]
+    decay = [p for p in params if p.ndim >= 2]
+    rest = [p for p in params if p.ndim < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                               {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def action_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy over the action tokens only, and the logits [B, n, V] that gave it."""
+def action_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                aux: AuxiliaryLoss | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy over the action tokens only (plus `aux`'s weighted loss), and the logits [B, n, V]."""
     out = model.teacher_forced(batch["images"], batch["prompt_ids"], batch["state"],
                                batch["action_ids"], batch["prompt_mask"])
     loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["action_ids"].flatten())
+    if aux is not None:
+        assert out.features is not None, "an auxiliary loss needs the target's image tokens"
+        loss = loss + aux.weight * aux(out.features, batch["aux"])
     return loss, out.logits
+
+
+class AuxiliaryLoss(torch.nn.Module):
+    """Privileged supervision in training only: a linear head reads the robot state the frame was
+    recorded in (standardized) from the image tokens, and its squared error joins the action loss, so
+    that the vision learns to show what a target reading no state must see (the fingers, the hand's
+    height). The head is never saved with the target; train_state.pt keeps it for resuming."""
+
+    def __init__(self, n_tokens: int, width: int, targets: int, weight: float):
+        super().__init__()
+        self.head = torch.nn.Linear(n_tokens * width, targets)
+        self.weight = weight
+
+    def forward(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.head(features.flatten(1).float()), targets)
 
 
 @torch.no_grad()
@@ -172,6 +192,7 @@ class TrainingSetup:
     state: dict | None  # train_state.pt contents when resuming
     save_model: Callable[[Path], None]  # writes the inference files into the run directory
     model_config: dict  # recorded in train_info.json
+    aux: AuxiliaryLoss | None = None  # trained beside the model, never saved with it (frames carry batch["aux"])
 
 
 def resume_state(out: Path, cfg: TrainConfig) -> tuple[dict, TrainConfig]:
@@ -266,11 +287,14 @@ def fit(setup: TrainingSetup, out: Path, cfg: TrainConfig, paths: Sequence[Path]
     train_frames = setup.train_frames.to(device)
     val_frames = setup.val_frames.to(device) if setup.val_frames is not None else None
     model.train()
-    opt = _optimizer(model, cfg)
+    aux = setup.aux.to(device) if setup.aux is not None else None
+    opt = _optimizer([model] + ([aux] if aux is not None else []), cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     sampler = EpochSampler(len(train_frames), cfg.batch_size, cfg.seed)
     step, train_time = 0, 0.0
     if state is not None:
+        if aux is not None:
+            aux.load_state_dict(state["aux"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
@@ -292,7 +316,7 @@ def fit(setup: TrainingSetup, out: Path, cfg: TrainConfig, paths: Sequence[Path]
         t0, step0 = time.perf_counter(), step
         while step < cfg.steps:
             batch = train_frames.batch(sampler.next())
-            loss, logits = action_loss(model, batch)
+            loss, logits = action_loss(model, batch, aux)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -318,7 +342,8 @@ def fit(setup: TrainingSetup, out: Path, cfg: TrainConfig, paths: Sequence[Path]
                 _save(setup.save_model, out, {"step": step, "train_time_s": now, "train_config": asdict(cfg), "data": data,
                                    "model": model.state_dict(), "optimizer": opt.state_dict(),
                                    "scheduler": sched.state_dict(), "sampler": sampler.state_dict(),
-                                   "torch_rng": torch.get_rng_state()})
+                                   "torch_rng": torch.get_rng_state(),
+                                   **({"aux": aux.state_dict()} if aux is not None else {})})
                 write_json(out / INFO_FILE, {**info, "step": step, "train_time_s": round(now, 1),
                                                      "wall_time_s": round(time.perf_counter() - wall0, 1),
                                                      "fingerprint": model.fingerprint(), "last_metrics": metrics})
