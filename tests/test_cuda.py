@@ -193,7 +193,7 @@ def test_device_work_reads_the_kernels_of_each_piece(tmp_path):
                  "--random-drafter", "--repeats", "4", "--warmup", "2", "--device-work", "--out", str(out)]) == 0
     pieces = json.loads(out.read_text())["pieces_ms"]
     timed = [t for name, t in pieces.items() if name != "tree_verify"] + list(pieces["tree_verify"].values())
-    assert len(timed) == 11
+    assert len(timed) == 12
     for t in timed:
         assert t["device_ops"] >= 1 and 0 < t["kernel_ms"] <= 1.5 * t["p90_ms"]
 

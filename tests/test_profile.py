@@ -22,7 +22,7 @@ from heisd.profiling.timer import device_work, measure_rounds
 from heisd.retrieval.datastore import DatastoreWriter
 
 ROOT = Path(__file__).resolve().parents[1]
-PIECES = {"vision", "prefill", "fused_prefill", "decode_step", "tree_verify"}
+PIECES = {"vision", "prefill", "fused_prefill", "decode_step", "tree_verify", "ar_step"}
 
 
 def test_measure_warms_up_then_times_each_run():

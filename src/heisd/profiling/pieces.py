@@ -2,7 +2,8 @@
 
 vision (frame -> prefix embeddings + retrieval key), prefill, the fused prefill (the prefill pass
 verifying a retrieval-budget tree, `Verifier.prefill_verify`), one decode step (an empty
-tree: what AR does per token), one verification pass over draft trees of several sizes,
+tree: what AR does per token), a whole AR step through the decode loop (vision included: what the
+pieces' sum should come to), one verification pass over draft trees of several sizes,
 one drafter pass and one whole drafter proposal (its passes and its tree choice), one
 datastore query and one retrieval proposal (the query and its group tree). Every LLM piece goes through the project's
 `Verifier`, and the KV cache is rolled back after each timed pass, so each run sees the
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from heisd.decoding import DecodeState, DraftTree
+from heisd.decoding import DecodeConfig, DecodeState, DraftTree, SpeculativeDecoder
 from heisd.decoding.graphs import make_verifier
 from heisd.decoding.vocab import ActionVocab
 from heisd.drafter.config import TreeConfig
@@ -91,6 +92,11 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         tree = branching_tree(n, config.tree_branching, first_action, spec.n_bins)
         work[f"tree_verify/{n}"] = (lambda tree=tree: verifier.verify(pre.cache, root, tree),
                                     lambda _, n=n: verifier.rollback(pre.cache, 1 + n))
+    # a whole AR control step as `eval --method ar` runs it (vision, then the decode loop's prefill and
+    # decode steps): the measured counterpart of the pieces' sum; its prefill refills a static cache
+    ar = SpeculativeDecoder(verifier, DecodeConfig(spec.n_action_tokens, spec.vocab_size, spec.n_bins))
+    work["ar_step"] = (lambda: ar.decode(target.encode_observation(frame, prompt, state)[0]),
+                       lambda _: verifier.rollback(pre.cache, verifier.cache_length(pre.cache) - prefix.shape[1]))
     # the step right after its prefill, as the proposers see it
     after_prefill = DecodeState(list(root), spec.n_action_tokens, pre.hidden[None], pre.hidden, verifier, pre.cache, {})
     if drafter is not None:

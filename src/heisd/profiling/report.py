@@ -10,7 +10,7 @@ def rows(pieces: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
     out = [(name, pieces[name]) for name in ("vision", "prefill", "fused_prefill", "decode_step") if name in pieces]
     out += [(f"tree_verify_{n}", t) for n, t in pieces.get("tree_verify", {}).items()]
     out += [(name, pieces[name]) for name in ("drafter_pass", "drafter_proposal", "datastore_query",
-                                              "retrieval_proposal") if name in pieces]
+                                              "retrieval_proposal", "ar_step") if name in pieces]
     return out
 
 
