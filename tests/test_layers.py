@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "heisd"
 
 # bottom to top; packages of one layer may import each other as long as no cycle forms
 LAYERS = [
-    {"__init__", "errors", "config_types", "lazy", "storage", "executors"},  # base (executors: where jobs run)
+    {"__init__", "errors", "config_types", "lazy", "storage", "executors", "cuda_graphs"},  # base (executors: where jobs run)
     {"decoding"},  # the decoding core
     {"benchmarks", "data", "targets", "kinematics", "drafter", "retrieval"},  # components
     {"runtime"},  # policies, episodes, recording, evaluation, DAgger
