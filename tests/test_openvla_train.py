@@ -260,6 +260,8 @@ def test_the_auxiliary_state_loss_trains_the_towers_and_is_never_saved(tmp_path)
     assert set(target.state_dict()) == set(aux["model"])
     info = json.loads((tmp_path / "aux" / "train_info.json").read_text())
     assert info["model_config"]["aux_state_weight"] == 1.0
+    logged = [json.loads(line) for line in (tmp_path / "aux" / "train_log.jsonl").read_text().splitlines()]
+    assert all(m["train_aux_loss"] > 0 for m in logged)  # logged apart from the action loss
     with pytest.raises(UsageError, match="--resume with a different --aux-state-weight"):
         train_openvla(paths, tmp_path / "aux", _cfg(5), TINY, resume=True)
     with pytest.raises(UsageError, match="--aux-state-weight must be >= 0"):

@@ -23,6 +23,7 @@ from heisd.errors import InputError, UsageError
 from heisd.storage import (OutputKind, append_text, atomic_file, check_output, clear_output, directory_lock,
                            recorded_command, recorded_path, strict_json, write_json, write_text)
 from heisd.storage.guard import has_file, json_with
+from heisd.targets.base import TeacherForced
 from heisd.targets.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
 from heisd.targets.vla.frames import EpochSampler, Frames, build_frames, read_episodes
 from heisd.targets.vla.model import VLA, NormStats, VLAConfig
@@ -69,16 +70,16 @@ def _optimizer(modules: Sequence[torch.nn.Module], cfg: TrainConfig) -> torch.op
                               {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def action_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                aux: AuxiliaryLoss | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy over the action tokens only (plus `aux`'s weighted loss), and the logits [B, n, V]."""
+def action_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy over the action tokens only, and the logits [B, n, V] that gave it."""
+    loss, out = _action_loss(model, batch)
+    return loss, out.logits
+
+
+def _action_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, TeacherForced]:
     out = model.teacher_forced(batch["images"], batch["prompt_ids"], batch["state"],
                                batch["action_ids"], batch["prompt_mask"])
-    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["action_ids"].flatten())
-    if aux is not None:
-        assert out.features is not None, "an auxiliary loss needs the target's image tokens"
-        loss = loss + aux.weight * aux(out.features, batch["aux"])
-    return loss, out.logits
+    return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["action_ids"].flatten()), out
 
 
 class AuxiliaryLoss(torch.nn.Module):
@@ -310,15 +311,21 @@ def fit(setup: TrainingSetup, out: Path, cfg: TrainConfig, paths: Sequence[Path]
             "params": sum(p.numel() for p in model.parameters()), "train_config": asdict(cfg),
             "model_config": setup.model_config}
     metrics: dict = {}
-    loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
+    loss_sum, acc_sum, aux_sum, n_sum = 0.0, 0.0, 0.0, 0  # train_loss is the action loss, without the auxiliary one
     # closed on an error too, before the command line prints it (as the last line)
     with tqdm(total=cfg.steps, initial=step, desc="train-vla", dynamic_ncols=True) as bar:
         t0, step0 = time.perf_counter(), step
         while step < cfg.steps:
             batch = train_frames.batch(sampler.next())
-            loss, logits = action_loss(model, batch, aux)
+            loss, forced = _action_loss(model, batch)
+            logits, total = forced.logits, loss
+            if aux is not None:
+                assert forced.features is not None, "an auxiliary loss needs the target's image tokens"
+                aux_loss = aux(forced.features, batch["aux"])
+                total = loss + aux.weight * aux_loss
+                aux_sum += aux_loss.item()
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            total.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             sched.step()
@@ -330,13 +337,14 @@ def fit(setup: TrainingSetup, out: Path, cfg: TrainConfig, paths: Sequence[Path]
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 elapsed = train_time + time.perf_counter() - t0
                 metrics = {"step": step, "lr": sched.get_last_lr()[0], "train_loss": loss_sum / n_sum,
+                           **({"train_aux_loss": aux_sum / n_sum} if aux is not None else {}),
                            "train_acc": acc_sum / n_sum, "train_time_s": round(elapsed, 1),
                            "samples_per_s": round((step - step0) * cfg.batch_size / (time.perf_counter() - t0), 1)}
                 if val_frames is not None:
                     metrics.update(evaluate(model, val_frames, cfg.max_val_frames))
                 append_text(out / LOG_FILE, strict_json(metrics) + "\n")
                 bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
-                loss_sum, acc_sum, n_sum = 0.0, 0.0, 0
+                loss_sum, acc_sum, aux_sum, n_sum = 0.0, 0.0, 0.0, 0
             if step % cfg.save_every == 0 or step == cfg.steps:
                 now = train_time + time.perf_counter() - t0
                 _save(setup.save_model, out, {"step": step, "train_time_s": now, "train_config": asdict(cfg), "data": data,
