@@ -97,6 +97,26 @@ def test_config_written_before_libero_import(tmp_path):
     assert (Path(bddl) / "libero_object" / f"{OBJECT_TASK}.bddl").is_file()
 
 
+def test_assets_linked_by_another_process_at_the_same_time_are_kept(tmp_path, monkeypatch):
+    """Two processes started at once both find no link, and the second's symlink fails: that is
+    the same link, kept; anything else in its place is refused."""
+    from heisd.benchmarks import libero_setup
+
+    source = libero_setup._package_dir(libero_setup.ASSETS_PACKAGE) / "assets"
+    real = Path.symlink_to
+
+    def raced(self, target, target_is_directory=False):  # the other process links first
+        real(self, target, target_is_directory)
+        real(self, target, target_is_directory)
+
+    monkeypatch.setattr(Path, "symlink_to", raced)
+    assert libero_setup.link_assets(tmp_path).resolve() == source.resolve()
+    monkeypatch.setattr(Path, "symlink_to", lambda self, *a, **k: (self.mkdir(), real(self, *a, **k)))
+    (tmp_path / "other").mkdir()
+    with pytest.raises(libero_setup.LiberoUnavailable, match="exists and is not a link to"):
+        libero_setup.link_assets(tmp_path / "other")
+
+
 # --- reader -----------------------------------------------------------------------------------
 
 def _libero_file(path: Path, *, attrs: bool, episodes: int = 2, steps: int = 6, size: int = 8) -> list[np.ndarray]:

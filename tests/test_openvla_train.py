@@ -92,6 +92,11 @@ def test_frames_and_labels_are_what_the_protocol_feeds(tmp_path):
     assert decoded[:, -1].round().tolist() == [1, 1, 0, 0, 0]  # open (1) first, then closed
     prompt = model.parts.prompt.encode(SOUP[1])
     assert frames.prompt_ids[0, -len(prompt):].tolist() == prompt
+    assert frames.aux is None  # the auxiliary targets only when asked for
+    robot = read_frames(episodes[:2], model, workers=1, robot=True).aux
+    with DemoFile(paths[0]) as f:
+        ee = f.ee_positions("demo_0")[episodes[0].steps]
+    assert robot.shape == (len(frames.images), 3 + 2) and np.allclose(robot[:len(ee), :3].numpy(), ee)
 
 
 def test_no_op_steps_are_left_out_as_openvlas_data_does():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_vla
 from test_decoding_model import full_forward, prefix, tiny_target
 
 from heisd.decoding import DraftTree, Verifier
@@ -68,7 +69,7 @@ def test_bad_uses_are_refused():
     with pytest.raises(ValueError, match="its own latest prefill only"):
         verifier.verify(other, [60], DraftTree.empty())
     with pytest.raises(ConfigError, match=r"CUDA graphs \(--cuda-graphs\) need the target on a CUDA device \(--device cuda\); it is on cpu"):
-        make_verifier(model, cuda_graphs=True)
+        make_verifier(tiny_vla(), cuda_graphs=True)
     with pytest.raises(ConfigError, match="headroom must be >= 1"):
         StaticVerifier(model, headroom=0)
-    assert type(make_verifier(model)) is Verifier
+    assert type(make_verifier(tiny_vla())) is Verifier

@@ -49,6 +49,9 @@ def link_assets(benchmark_root: Path) -> Path:
         raise LiberoUnavailable(f"{source}: LIBERO asset files missing: {INSTALL_HINT}")
     try:
         link.symlink_to(source, target_is_directory=True)
+    except FileExistsError:
+        if link.resolve() != source.resolve():  # else another process started at once made the same link
+            raise LiberoUnavailable(f"{link} exists and is not a link to {source}: remove it") from None
     except OSError as e:
         raise LiberoUnavailable(f"cannot link LIBERO's assets: {link} -> {source} ({e}); "
                                 f"make that link by hand") from e

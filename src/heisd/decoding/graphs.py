@@ -185,7 +185,12 @@ def _round_up(n: int) -> int:
     return -(-n // _ROUND) * _ROUND
 
 
-def make_verifier(model: PreTrainedModel, cuda_graphs: bool = False) -> Verifier:
-    """The verifier a method runs: the dynamic-cache one, or with ``cuda_graphs`` the static-cache one
-    replaying CUDA graphs (the target must be on a CUDA device)."""
-    return StaticVerifier(model, graphs=True) if cuda_graphs else Verifier(model)
+def make_verifier(target, cuda_graphs: bool = False) -> Verifier:
+    """The verifier a method runs over `target` (a `heisd.targets.Target`): the dynamic-cache one, or
+    with ``cuda_graphs`` the static-cache one replaying CUDA graphs, and the target's vision replayed
+    as graphs too (the target must be on a CUDA device)."""
+    if not cuda_graphs:
+        return Verifier(target.llm)
+    verifier = StaticVerifier(target.llm, graphs=True)
+    target.use_cuda_graphs()
+    return verifier

@@ -72,9 +72,7 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
     state = spec.state_input(np.zeros((1, spec.state_dim)))
     prompt = target.encode_prompt(config.instruction)
 
-    verifier = make_verifier(llm, config.cuda_graphs)
-    if config.cuda_graphs:
-        target.use_cuda_graphs()
+    verifier = make_verifier(target, config.cuda_graphs)
     work: dict[str, Piece] = {"vision": (lambda: target.encode_observation(frame, prompt, state), None)}
     prefix, key = target.encode_observation(frame, prompt, state)
     work["prefill"] = (lambda: verifier.prefill(prefix), None)

@@ -178,9 +178,7 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None, drafter=None) -> tu
     from heisd.decoding.fallback import CostFallback
     from heisd.decoding.graphs import make_verifier
 
-    verifier = make_verifier(target.llm, cfg.cuda_graphs)
-    if cfg.cuda_graphs:
-        target.use_cuda_graphs()
+    verifier = make_verifier(target, cfg.cuda_graphs)
     spec = target.spec
     dcfg = DecodeConfig(n_tokens=spec.n_action_tokens, vocab_size=spec.vocab_size, n_bins=spec.n_bins)
     drafter = _drafter_proposer(cfg, drafter or load_drafter(cfg, target)) if cfg.drafter else None

@@ -172,8 +172,9 @@ def _episode_frames(job: tuple[Path, str, np.ndarray]) -> np.ndarray:
         return protocol_frames("openvla", f.episode(name).images[steps])
 
 
-def read_frames(episodes: list[KeptEpisode], model: OpenVLA, workers: int) -> Frames:
-    """The episodes' frames, prompts and action tokens. Frames go through `protocol_frames` in `workers`
+def read_frames(episodes: list[KeptEpisode], model: OpenVLA, workers: int, robot: bool = False) -> Frames:
+    """The episodes' frames, prompts and action tokens, and with `robot` their end-effector and finger
+    positions (the auxiliary loss's targets). Frames go through `protocol_frames` in `workers`
     processes, straight into one preallocated array (a few GB: never held twice)."""
     n = sum(len(e.labels) for e in episodes)
     size = model.spec.image_size
@@ -194,20 +195,18 @@ def read_frames(episodes: list[KeptEpisode], model: OpenVLA, workers: int) -> Fr
     return Frames(images=images, states=torch.zeros((n, 0)), action_ids=torch.from_numpy(np.concatenate(ids)),
                   prompt_ids=prompt_ids, prompt_mask=prompt_mask,
                   episode=episode_rows([len(e.labels) for e in episodes]),
-                  aux=torch.from_numpy(np.concatenate([e.robot for e in episodes]).astype(np.float32)))
+                  aux=torch.from_numpy(np.concatenate([e.robot for e in episodes]).astype(np.float32))
+                  if robot else None)
 
 
 def _auxiliary_loss(model: OpenVLA, weight: float, frames: list[Frames | None],
                     state: dict | None) -> AuxiliaryLoss | None:
-    """The robot-state loss of `weight` (None at 0: the frames drop their targets), its targets standardized
-    with the training frames' statistics. A resumed run keeps the head it was started with."""
+    """The robot-state loss of `weight` (None at 0), its targets standardized with the training frames'
+    statistics. A resumed run keeps the head it was started with."""
     if state is not None and ("aux" in state) != (weight > 0):
         raise UsageError("--resume with a different --aux-state-weight than the run was started with "
                          "(with one and without)")
     if weight == 0:
-        for f in frames:
-            if f is not None:
-                f.aux = None
         return None
     train = frames[0]
     assert train is not None and train.aux is not None
@@ -304,7 +303,8 @@ def train_openvla(paths: list[Path], out: Path, cfg: TrainConfig, shape: OpenVLA
             model = new_model(out, shape.config(stats), run_cfg.seed)
         model.train_crop_area = shape.crop_area
         train_eps, val_eps = _split(len(episodes), run_cfg.val_fraction, run_cfg.seed)
-        frames = [read_frames([episodes[i] for i in eps], model, workers) if eps else None
+        robot = shape.aux_state_weight > 0
+        frames = [read_frames([episodes[i] for i in eps], model, workers, robot) if eps else None
                   for eps in (train_eps, val_eps)]
         data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(frames[0]),
                 "val_frames": len(frames[1]) if frames[1] else 0}
