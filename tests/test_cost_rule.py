@@ -58,6 +58,23 @@ def test_a_turn_records_its_prediction_for_the_tokens_it_emitted() -> None:
     assert costs.close_turn(emitted=7) is None  # no turn open
 
 
+def test_a_turn_that_captured_a_cuda_graph_teaches_nothing(monkeypatch) -> None:
+    """Its time is mostly the capture's: learning from it would price the option many times too high."""
+    from heisd import cuda_graphs
+
+    costs = OptionCosts("fallback", ["retrieval", "drafter"])
+    costs.open_turn(emitted=0)
+    costs.count_pass()
+    monkeypatch.setattr(cuda_graphs, "_captures", cuda_graphs.captures() + 1)  # a pass shape seen first
+    choice = costs.close_turn(emitted=4)
+    assert choice.option == "retrieval" and choice.tokens == 4  # reported,
+    assert costs.ms_per_token("retrieval") is None and costs.choose() == ("retrieval", None)  # not learned
+    costs.open_turn(emitted=0)
+    costs.count_pass()
+    costs.close_turn(emitted=4)
+    assert costs.ms_per_token("retrieval") is not None
+
+
 @pytest.fixture(scope="module")
 def resources(tmp_path_factory):
     from heisd.retrieval import build_datastore

@@ -278,6 +278,20 @@ def test_cost_switch_learns_the_passes_it_observes(stats) -> None:
     assert switch.expected_ms("retrieval", None) is not None  # before the window fills: pooled over bins
 
 
+def test_a_step_that_captured_a_cuda_graph_prices_no_mode(stats, monkeypatch) -> None:
+    """The drafter's first step under --cuda-graphs captures its pass shapes, many times a pass:
+    priced by it, the drafter would look too slow to be tried again."""
+    from heisd import cuda_graphs
+
+    switch = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8)
+    switch.observe("retrieval", 0.9, _step(1, prefill=10.0, verify_each=10.0, draft=0.3))
+    monkeypatch.setattr(cuda_graphs, "_captures", cuda_graphs.captures() + 3)
+    switch.observe("drafter", 0.1, _step(4, prefill=300.0, verify_each=300.0, draft=90.0))
+    assert switch.expected_ms("drafter", 0.1) is None and switch.decide(0.9)[0] == "drafter"  # still untried
+    switch.observe("drafter", 0.1, _step(4, prefill=10.0, verify_each=10.0, draft=0.6))
+    assert switch.expected_ms("drafter", 0.1) == pytest.approx(10.0 + 3 * 10.0 + 0.6)
+
+
 def test_cost_switch_with_an_empty_bin_tries_the_mode_there(stats) -> None:
     """Calibration F all equal (a straight demonstration path): the quantile edges coincide and
     every bin but one is empty; a step in an empty bin tries a mode instead of failing."""

@@ -13,12 +13,22 @@ from typing import Any
 
 import torch
 
+_captures = 0  # graphs captured in this process (`captures`)
+
+
+def captures() -> int:
+    """Graphs captured in this process so far: a timing that spans a capture measured it, not the work
+    (the cost rule learns nothing from such a turn)."""
+    return _captures
+
 
 def capture(run: Callable[[], Any], pool: Any, reset: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph, Any]:
     """(the graph of ``run()``, the outputs it writes on each replay). ``run`` is warmed up twice on a
     side stream first, as capture requires; ``reset`` undoes the state a run changes (a KV cache's
     write position), after each warm-up and after the capture. Graphs sharing ``pool`` share memory:
     replay them one at a time and read a graph's outputs before replaying another."""
+    global _captures
+    _captures += 1
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

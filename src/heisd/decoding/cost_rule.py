@@ -7,7 +7,9 @@ everything the loop does around the pass included): both moving medians over the
 turns of that option. A turn is a stretch of consecutive passes one option drafted: it opens
 when the option is chosen and closes when the caller knows how many tokens those passes emitted.
 Each turn is kept as a `CostChoice` (expected and actual ms), so reports can show how often each
-option was chosen and how good the predictions were.
+option was chosen and how good the predictions were. A turn during which a CUDA graph was captured
+(the first time a pass shape runs under --cuda-graphs) timed the capture, so it teaches nothing:
+else the option it chose could look many times too slow, and never be tried again.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from heisd.cuda_graphs import captures
 from heisd.decoding.moving import MovingMedian
 
 
@@ -37,7 +40,8 @@ class OptionCosts:
         self.rule, self.options = rule, tuple(options)
         self._passes_per_token = {o: MovingMedian(window) for o in self.options}
         self._ms_per_pass = {o: MovingMedian(window) for o in self.options}
-        self._turn: tuple[str, float | None, int, float] | None = None  # option, ms per token, tokens before, start
+        # option, ms per token, tokens before, start, graphs captured before
+        self._turn: tuple[str, float | None, int, float, int] | None = None
         self._passes = 0
 
     def ms_per_token(self, option: str) -> float | None:
@@ -70,7 +74,7 @@ class OptionCosts:
     def open_turn(self, emitted: int) -> str:
         """Choose an option for the passes to come (`emitted`: tokens emitted so far) and time them."""
         option, per_token = self.choose()
-        self._turn, self._passes = (option, per_token, emitted, time.perf_counter()), 0
+        self._turn, self._passes = (option, per_token, emitted, time.perf_counter(), captures()), 0
         return option
 
     def count_pass(self) -> None:
@@ -80,10 +84,11 @@ class OptionCosts:
         """End the open turn (`emitted`: tokens emitted by now), learn from it, and return it."""
         if self._turn is None:
             return None
-        option, per_token, before, start = self._turn
+        option, per_token, before, start, captured = self._turn
         ms, tokens = (time.perf_counter() - start) * 1e3, emitted - before
         self._turn = None
-        self.record(option, self._passes, tokens, ms)
+        if captures() == captured:
+            self.record(option, self._passes, tokens, ms)
         expected = None if per_token is None else per_token * tokens
         return CostChoice(self.rule, option, expected, ms, tokens)
 

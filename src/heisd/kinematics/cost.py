@@ -16,6 +16,9 @@ Expected latency of a mode at kinematic metric F:
   drafter proposal; one retrieval step's query + trees) are moving medians of what this process
   measures, so the same rule sends slow motions to the drafter on a GPU, where a drafter pass
   costs a fraction of a target pass, and keeps them on retrieval on a CPU, where it does not.
+- A step during which a CUDA graph was captured (a pass shape's first run under --cuda-graphs)
+  timed the capture: its pieces are not learned (its passes are), so a mode is never priced by
+  its first, capturing steps.
 - A mode whose proposal cost was never measured is tried first (it cannot be compared
   without it); before the kinematic window fills, all frames' estimates are pooled.
 - F is computed only when it can change the decision: when the same mode is cheaper in every
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heisd.cuda_graphs import captures
 from heisd.decoding import DecodeResult
 from heisd.decoding.moving import MovingMean, MovingMedian
 from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
@@ -86,6 +90,7 @@ class CostAwareSwitch:  # a `Switch`
             key: MovingMean(window, seeds.get(key)) for key in ((m, b) for m in MODES for b in range(self.config.bins))
         }
         self._pieces = {name: MovingMedian(window) for name in PIECES}
+        self._captures = captures()  # graphs captured by the latest `observe`
         # the bins an F can land in (coinciding quantile edges leave some empty by construction)
         self._cases: list[int | None] = [None] + sorted({0} | {self._bin(e) for e in self._edges})
         self._unanimous: tuple[Mode, float] | None | bool = False  # cached verdict (False: stale)
@@ -162,10 +167,14 @@ class CostAwareSwitch:  # a `Switch`
 
     def observe(self, mode: Mode, metric: float | None, result: DecodeResult) -> None:
         """Learn from a decoded step (`DecodeResult`): its passes (in its F bin, when F was
-        computed) and its measured pieces."""
+        computed) and its measured pieces, unless a CUDA graph was captured since the last step."""
         t, forwards = result.timing, result.target_forwards
         if metric is not None:
             self._passes[(mode, self._bin(metric))].add(forwards)
+        self._unanimous = False
+        seen, self._captures = self._captures, captures()
+        if seen != self._captures:
+            return
         pieces = self._pieces
         if forwards > 0:
             pieces[_PREFILL[mode]].add(t.prefill_ms)
@@ -175,7 +184,6 @@ class CostAwareSwitch:  # a `Switch`
                 pieces["propose:drafter"].add(t.draft_ms / (forwards - 1))
         if mode == "retrieval":
             pieces["propose:retrieval"].add(t.draft_ms)
-        self._unanimous = False
 
     def _bin(self, metric: float) -> int:
         return bisect.bisect_right(self._edges, metric)
