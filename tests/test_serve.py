@@ -3,6 +3,7 @@ built independently from the same target, drafter and datastore."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -179,6 +180,23 @@ def test_interleaved_episodes_equal_separate_runs(built, server):
     assert [r.metric for _, r in expected["a"]] != [r.metric for _, r in expected["b"]]
     for name in episodes:
         assert client.end(f"il-{name}", success=None)["steps"] == 10
+
+
+def test_a_warmed_up_server_steps_as_a_cold_one(built):
+    """The warm-up's steps (a synthetic observation, before listening) leave nothing in the episodes
+    that follow; /info says what they took (no graphs on a CPU)."""
+    vla, tmp = built
+    episodes = {"a": (REACH, "reach-v3", observations(1, 10, 0.0))}
+    expected = alone_in_process(vla, tmp, episodes)["a"]
+    with serve(vla, heisd_method(tmp), dataclasses.replace(CONFIG, warmup_steps=3)) as s:
+        client = PolicyClient(s.url)
+        assert client.info()["warmup"] == {"steps": 3, "seconds": pytest.approx(0.0, abs=60), "graphs_captured": 0}
+        for i, (image, state, path) in enumerate(episodes["a"][2]):
+            step = client.act(image, REACH, proprio=state, ee_pos=path, episode_id="w", reset=i == 0, task="reach-v3")
+            np.testing.assert_array_equal(step.actions, expected[i][0])
+            assert comparable(step.record) == comparable(expected[i][1])
+    with pytest.raises(ValueError, match="warmup_steps must be >= 0"):
+        ServeConfig(warmup_steps=-1)
 
 
 def test_episode_errors(built, server):

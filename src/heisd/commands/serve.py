@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="request body limit in MiB (413 above)")
     p.add_argument("--max-image-side", type=int, default=WireLimits.max_image_side,
                    help="largest image side in pixels (413 above)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="control steps run on a synthetic observation before listening, so that a robot's first "
+                        "steps do not pay for capturing CUDA graphs (each new pass shape costs a few passes once); "
+                        "default: 4 with --cuda-graphs, else 0. /info says what they took")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="uvicorn log level (info logs every request)")
 
@@ -47,12 +51,15 @@ def serve_config(args: argparse.Namespace):
 
     if args.queue_size < 1 or args.max_body_mb <= 0 or args.max_image_side < 1:
         raise SystemExit("--queue-size, --max-body-mb and --max-image-side must be positive")
+    warmup = args.warmup_steps if args.warmup_steps is not None else (4 if args.cuda_graphs else 0)
+    if warmup < 0:
+        raise SystemExit(f"--warmup-steps must be >= 0, got {warmup}")
     try:
         sessions = SessionLimits(args.max_sessions, args.session_timeout)
     except ValueError:
         raise SystemExit("--max-sessions and --session-timeout must be positive") from None
     return ServeConfig(queue_size=args.queue_size, max_body_bytes=int(args.max_body_mb * 2**20),
-                       wire=WireLimits(max_image_side=args.max_image_side), sessions=sessions)
+                       wire=WireLimits(max_image_side=args.max_image_side), sessions=sessions, warmup_steps=warmup)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,12 +34,35 @@ def make_service(target, method, config: ServeConfig, target_path: str,
     tasks = {} if benchmark is None else task_instructions(benchmark)
     keys, codecs = _unnorm_keys(target, benchmark)
     pool = PolicyPool(target, method)
+    warmup = warm_up(pool.first, config.warmup_steps, next(iter(tasks.values()), "warm up"))
     decoders = pool.first.decoders
     ee_source = None if decoders.switch is None else (
         "ee_pos or state" if decoders.delta_scale is None else "ee_pos, state or integrated actions")
     facts = TargetFacts(target.spec.state_dim, keys, tasks, codecs, ee_source=ee_source)
     service = PolicyService(pool.make, facts, config)
-    return service, _info(target, method, pool.first, facts, config, target_path, benchmark)
+    return service, {**_info(target, method, pool.first, facts, config, target_path, benchmark), "warmup": warmup}
+
+
+def warm_up(policy, steps: int, instruction: str) -> dict:
+    """Run `steps` control steps of `policy` on a synthetic observation (a fixed random frame, the
+    end-effector moving in a line): under --cuda-graphs each pass shape they meet is captured now, not
+    in a robot's first steps. The next episode resets the policy; the cost rules learned nothing from
+    steps that captured (`heisd.cuda_graphs.captures`). -> what /info reports."""
+    import time
+
+    import numpy as np
+
+    from heisd.cuda_graphs import captures
+
+    spec = policy.target.spec
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (spec.image_size, spec.image_size, 3), dtype=np.uint8)
+    state = np.zeros(spec.state_dim, np.float32)
+    before, start = captures(), time.perf_counter()
+    policy.reset(instruction)
+    for i in range(steps):
+        policy.act(image, state, np.array([0.01 * i, 0.0, 0.0]))
+    return {"steps": steps, "seconds": round(time.perf_counter() - start, 3), "graphs_captured": captures() - before}
 
 
 def target_benchmark(target) -> str | None:
