@@ -228,3 +228,26 @@ def test_device_work_counts_each_kernel_once():
     work = device_work({"mm": (lambda: a @ a, None)}, torch.device("cuda"))["mm"]
     assert 1 <= work.device_ops <= 3
     assert 0.8 * events_ms <= work.kernel_ms <= 1.2 * events_ms
+
+
+def test_a_servers_warm_up_captures_the_pass_shapes_before_the_first_episode():
+    """`serve --warmup-steps`: after the warm-up an AR episode with the same instruction (so the same
+    prefill length) captures nothing: its first step costs what every later one does."""
+    import numpy as np
+
+    from heisd.cuda_graphs import captures
+    from heisd.runtime.methods import MethodConfig, build_decoders
+    from heisd.runtime.policy import VLAPolicy
+    from heisd.serving.launch import warm_up
+    from heisd.targets.openvla.synthetic import random_openvla
+
+    target = random_openvla("tiny", "cuda")
+    policy = VLAPolicy(target, build_decoders(MethodConfig("ar", cuda_graphs=True), target))
+    instruction = "put the bowl on the stove"
+    assert warm_up(policy, 2, instruction)["graphs_captured"] >= 3  # the vision, the prefill, a decode step
+    before, rng = captures(), np.random.default_rng(1)
+    policy.reset(instruction)
+    for i in range(3):
+        frame = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
+        policy.act(frame, np.zeros(0, np.float32), np.array([0.0, 0.01 * i, 0.0]))
+    assert captures() == before

@@ -46,8 +46,9 @@ def make_service(target, method, config: ServeConfig, target_path: str,
 def warm_up(policy, steps: int, instruction: str) -> dict:
     """Run `steps` control steps of `policy` on a synthetic observation (a fixed random frame, the
     end-effector moving in a line): under --cuda-graphs each pass shape they meet is captured now, not
-    in a robot's first steps. The next episode resets the policy; the cost rules learned nothing from
-    steps that captured (`heisd.cuda_graphs.captures`). -> what /info reports."""
+    in a robot's first steps (an instruction whose prompt has another length is a new prefill shape,
+    captured at its first step). The next episode resets the policy; the cost rules learned nothing
+    from steps that captured (`heisd.cuda_graphs.captures`). -> what /info reports."""
     import time
 
     import numpy as np
