@@ -238,7 +238,7 @@ def test_a_servers_warm_up_captures_the_pass_shapes_before_the_first_episode():
     from heisd.cuda_graphs import captures
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
-    from heisd.serving.launch import warm_up
+    from heisd.serving.warmup import warm_up
     from heisd.targets.openvla.synthetic import random_openvla
 
     target = random_openvla("tiny", "cuda")

@@ -13,6 +13,7 @@ import uvicorn
 from heisd.serving.app import create_app
 from heisd.serving.config import ServeConfig
 from heisd.serving.service import PolicyService, TargetFacts
+from heisd.serving.warmup import warm_up
 
 
 def make_service(target, method, config: ServeConfig, target_path: str,
@@ -41,29 +42,6 @@ def make_service(target, method, config: ServeConfig, target_path: str,
     facts = TargetFacts(target.spec.state_dim, keys, tasks, codecs, ee_source=ee_source)
     service = PolicyService(pool.make, facts, config)
     return service, {**_info(target, method, pool.first, facts, config, target_path, benchmark), "warmup": warmup}
-
-
-def warm_up(policy, steps: int, instruction: str) -> dict:
-    """Run `steps` control steps of `policy` on a synthetic observation (a fixed random frame, the
-    end-effector moving in a line): under --cuda-graphs each pass shape they meet is captured now, not
-    in a robot's first steps (an instruction whose prompt has another length is a new prefill shape,
-    captured at its first step). The next episode resets the policy; the cost rules learned nothing
-    from steps that captured (`heisd.cuda_graphs.captures`). -> what /info reports."""
-    import time
-
-    import numpy as np
-
-    from heisd.cuda_graphs import captures
-
-    spec = policy.target.spec
-    rng = np.random.default_rng(0)
-    image = rng.integers(0, 256, (spec.image_size, spec.image_size, 3), dtype=np.uint8)
-    state = np.zeros(spec.state_dim, np.float32)
-    before, start = captures(), time.perf_counter()
-    policy.reset(instruction)
-    for i in range(steps):
-        policy.act(image, state, np.array([0.01 * i, 0.0, 0.0]))
-    return {"steps": steps, "seconds": round(time.perf_counter() - start, 3), "graphs_captured": captures() - before}
 
 
 def target_benchmark(target) -> str | None:

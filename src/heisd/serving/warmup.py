@@ -1,0 +1,26 @@
+"""A server's warm-up: control steps on a synthetic observation before it listens (`serve --warmup-steps`)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from heisd.cuda_graphs import captures
+
+
+def warm_up(policy, steps: int, instruction: str) -> dict:
+    """Run `steps` control steps of `policy` on a synthetic observation (a fixed random frame, the
+    end-effector moving in a line): under --cuda-graphs each pass shape they meet is captured now, not
+    in a robot's first steps (an instruction whose prompt has another length is a new prefill shape,
+    captured at its first step). The next episode resets the policy; the cost rules learned nothing
+    from steps that captured (`heisd.cuda_graphs.captures`). -> what /info reports."""
+    spec = policy.target.spec
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (spec.image_size, spec.image_size, 3), dtype=np.uint8)
+    state = np.zeros(spec.state_dim, np.float32)
+    before, start = captures(), time.perf_counter()
+    policy.reset(instruction)
+    for i in range(steps):
+        policy.act(image, state, np.array([0.01 * i, 0.0, 0.0]))
+    return {"steps": steps, "seconds": round(time.perf_counter() - start, 3), "graphs_captured": captures() - before}
