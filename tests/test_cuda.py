@@ -251,3 +251,6 @@ def test_a_servers_warm_up_captures_the_pass_shapes_before_the_first_episode():
         frame = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
         policy.act(frame, np.zeros(0, np.float32), np.array([0.0, 0.01 * i, 0.0]))
     assert captures() == before
+    graphed = target._graphed_vision
+    VLAPolicy(target, build_decoders(MethodConfig("ar", cuda_graphs=True), target))  # a second episode's policy
+    assert target._graphed_vision is graphed  # keeps the vision's graphs

@@ -13,8 +13,11 @@ def warm_up(policy, steps: int, instruction: str) -> dict:
     """Run `steps` control steps of `policy` on a synthetic observation (a fixed random frame, the
     end-effector moving in a line): under --cuda-graphs each pass shape they meet is captured now, not
     in a robot's first steps (an instruction whose prompt has another length is a new prefill shape,
-    captured at its first step). The next episode resets the policy; the cost rules learned nothing
-    from steps that captured (`heisd.cuda_graphs.captures`). -> what /info reports."""
+    captured at its first step). The next episode resets the policy. The cost rules learned nothing
+    from steps that captured (`heisd.cuda_graphs.captures`), and from the later ones what passes
+    cost, as they would from any step. Warms `policy` only: another episode open at the same time
+    gets a policy of its own, whose passes capture at its first steps (the vision's are shared).
+    -> what /info reports."""
     spec = policy.target.spec
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (spec.image_size, spec.image_size, 3), dtype=np.uint8)

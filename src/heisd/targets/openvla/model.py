@@ -104,9 +104,11 @@ class OpenVLA(nn.Module):
 
     def use_cuda_graphs(self) -> None:
         """Replay the vision towers and the projector as a CUDA graph per frame batch shape (inference):
-        about 600 kernel launches become one (BENCHMARKS 19.3)."""
+        about 600 kernel launches become one (BENCHMARKS 19.3). The graphs already captured are kept
+        (each policy of a server asks again)."""
         require_cuda(self.projector.fc1.weight.device, "the target")
-        self._graphed_vision = GraphedCall(self._vision)
+        if self._graphed_vision is None:
+            self._graphed_vision = GraphedCall(self._vision)
 
     def encode_observation(self, images: torch.Tensor, prompt_ids: torch.Tensor,
                            state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -152,9 +152,11 @@ class VLA(nn.Module):
 
     # ----- prefix -----
     def use_cuda_graphs(self) -> None:
-        """Replay the vision CNN as a CUDA graph per frame batch shape (inference)."""
+        """Replay the vision CNN as a CUDA graph per frame batch shape (inference); the graphs already
+        captured are kept (each policy of a server asks again)."""
         require_cuda(self.vision.coords.device, "the target")
-        self.vision.graphed = GraphedCall(self.vision.net)
+        if self.vision.graphed is None:
+            self.vision.graphed = GraphedCall(self.vision.net)
 
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> [B, grid*grid, d]."""
