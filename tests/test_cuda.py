@@ -254,3 +254,35 @@ def test_a_servers_warm_up_captures_the_pass_shapes_before_the_first_episode():
     graphed = target._graphed_vision
     VLAPolicy(target, build_decoders(MethodConfig("ar", cuda_graphs=True), target))  # a second episode's policy
     assert target._graphed_vision is graphed  # keeps the vision's graphs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_graphed_drafter_proposes_the_eager_trees(dtype):
+    """`--cuda-graphs` replays the drafter's passes too: its trees are those of the same static-cache
+    passes run eagerly (which the CPU tests hold to per-path forwards), proposal after proposal, with
+    no new capture once each pass shape was seen."""
+    from heisd.cuda_graphs import captures
+    from heisd.decoding import DecodeState
+    from heisd.drafter import Drafter, DrafterConfig, DrafterProposer, DrafterTarget, TreeConfig
+    from heisd.drafter.passes import StaticDrafterPasses
+
+    model, _ = on_cuda(0, "sdpa", dtype)
+    bound = DrafterTarget(model, VOCAB, 256)
+    torch.manual_seed(0)
+    drafter = Drafter(DrafterConfig.for_target(bound), bound).eval()
+    tree, n = TreeConfig(4, 3, 10), 7
+    eager, graphed = DrafterProposer(drafter, tree), DrafterProposer(drafter, tree, cuda_graphs=True, n_tokens=n)
+    eager.passes = StaticDrafterPasses(drafter, graphed.passes.max_len)
+    verifier = Verifier(model)
+    pre = verifier.prefill(prefix(0, 5).to("cuda", dtype))
+    generator = torch.Generator().manual_seed(0)
+    for round_ in range(2):
+        if round_ == 1:
+            before = captures()
+        for k in range(1, n):
+            emitted = torch.randint(VOCAB - 256, VOCAB, (k,), generator=generator).tolist()
+            hidden = torch.randn(k, model.config.hidden_size, generator=generator).to("cuda", dtype)
+            state = DecodeState(emitted, n, hidden, pre.hidden, verifier, pre.cache, {})
+            a, b = eager.propose(state).tree, graphed.propose(state).tree
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents), (round_, k)
+    assert captures() == before

@@ -27,6 +27,7 @@ from heisd.decoding import (
 from heisd.decoding.rollout import Features, greedy_rollout
 from heisd.drafter import Drafter, DrafterConfig, DrafterError, DrafterProposer, DrafterTarget, TreeConfig
 from heisd.drafter.model import additive_mask
+from heisd.drafter.passes import StaticDrafterPasses
 from heisd.drafter.train import DrafterTrainConfig, drafter_loss, fit, successful_episodes, target_features
 from heisd.targets.vla import VLA, NormStats, TextTokenizer, VLAConfig
 
@@ -172,16 +173,24 @@ def _ancestors(cands, c) -> list[int]:
     return path[::-1]
 
 
+@pytest.mark.parametrize("passes", ["dynamic", "static"])
 @pytest.mark.parametrize("topk, depth, budget, k", [(3, 3, 10, 2), (2, 4, 12, 1), (4, 2, 8, 5)])
-def test_proposer_tree_matches_per_path_forwards(topk, depth, budget, k):
-    """The one-pass-per-level tree (cache + tree mask + positions) equals per-path forwards."""
+def test_proposer_tree_matches_per_path_forwards(topk, depth, budget, k, passes):
+    """The one-pass-per-level tree (cache + tree mask + positions) equals per-path forwards, on a
+    fresh cache per proposal or on the static one (`--cuda-graphs`, here run eagerly) that an
+    earlier, longer proposal left rows in."""
     drafter, cfg = random_drafter(seed=3), TreeConfig(topk, depth, budget)
     with torch.no_grad():  # sharp attention, so a wrong mask or position changes the tree
         drafter.layer.self_attn.q_proj.weight.mul_(30.0)
         drafter.layer.self_attn.k_proj.weight.mul_(30.0)
     emitted = torch.randint(VOCAB - 256, VOCAB, (k,), generator=torch.Generator().manual_seed(k)).tolist()
     state = state_after(emitted, known=k)
-    tree = DrafterProposer(drafter, cfg).propose(state).tree
+    proposer = DrafterProposer(drafter, cfg)
+    if passes == "static":
+        proposer.passes = StaticDrafterPasses(drafter, N + topk * (depth - 1))
+        earlier = [VOCAB - 1 - i for i in range(N - depth)]
+        proposer.propose(state_after(earlier, known=len(earlier)))
+    tree = proposer.propose(state).tree
     got = {tuple(int(tree.tokens[j]) - drafter.first_action_id for j in tree.path(i)) for i in range(len(tree))}
     assert got == reference_tree(drafter, state.hidden, emitted, cfg, N)
 
@@ -196,6 +205,16 @@ def test_proposer_needs_features_of_every_emitted_token():
     assert proposer.propose(skipped) is None
     with pytest.raises(ValueError, match="budget must be >= 1"):
         TreeConfig(budget=0)
+    with pytest.raises(ValueError, match="a graphed drafter needs n_tokens"):
+        DrafterProposer(random_drafter(), cuda_graphs=True)
+    from heisd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"need the drafter on a CUDA device"):
+        DrafterProposer(random_drafter(), cuda_graphs=True, n_tokens=N)
+    passes = StaticDrafterPasses(random_drafter(), 4)
+    passes.start()
+    with pytest.raises(ValueError, match="a drafter pass of 5 rows after 0 does not fit the cache's 4 positions"):
+        passes.run(torch.zeros(1, 5, HIDDEN), torch.full((1, 5), 100), torch.arange(5)[None], torch.ones(5, 5, dtype=torch.bool))
 
 
 @functools.cache

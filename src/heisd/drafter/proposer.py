@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from heisd.decoding import DecodeState, DraftTree, Outcome, Proposal, Proposer
 from heisd.decoding.cost_rule import CostChoice, OptionCosts
 from heisd.drafter.config import TreeConfig
-from heisd.drafter.model import Drafter, additive_mask
+from heisd.drafter.model import Drafter
+from heisd.drafter.passes import DrafterPasses, StaticDrafterPasses
 
 
 @dataclass
@@ -32,13 +32,20 @@ class DrafterStepStats:
 
 class DrafterProposer(Proposer):
     """`choose_tree`: per proposal, the configured tree or a one-pass tree (depth 1, its top-k
-    children), whichever the shared cost rule expects to cost fewer ms per emitted token."""
+    children), whichever the shared cost rule expects to cost fewer ms per emitted token.
+    `cuda_graphs`: the drafter's passes replay CUDA graphs on a static cache (`StaticDrafterPasses`)
+    sized for `n_tokens` of action context and the tree's frontier rows."""
 
-    def __init__(self, drafter: Drafter, tree: TreeConfig | None = None, choose_tree: bool = False):
+    def __init__(self, drafter: Drafter, tree: TreeConfig | None = None, choose_tree: bool = False,
+                 cuda_graphs: bool = False, n_tokens: int = 0):
         self.drafter = drafter.eval()
         self.tree = tree or TreeConfig()
         if self.tree.topk > drafter.config.n_bins:
             raise ValueError(f"topk {self.tree.topk} exceeds the {drafter.config.n_bins} action tokens")
+        if cuda_graphs and n_tokens < 1:
+            raise ValueError("a graphed drafter needs n_tokens, the action's token count (its cache's size)")
+        self.passes = (StaticDrafterPasses(drafter, n_tokens + self.tree.topk * (self.tree.depth - 1), graphs=True)
+                       if cuda_graphs else DrafterPasses(drafter))
         self.shapes = {"configured": self.tree}
         if choose_tree:
             self.shapes["depth-1"] = TreeConfig(self.tree.topk, 1, min(self.tree.topk, self.tree.budget))
@@ -106,21 +113,20 @@ class DrafterProposer(Proposer):
         depth = min(shape.depth, state.n_tokens - k)
         if context is None or depth < 1:
             return None
-        d, topk = self.drafter, shape.topk
-        device = d.fc.weight.device
-        cache = DynamicCache()
-        causal = additive_mask(torch.ones(k, k, dtype=torch.bool).tril()).to(device)
-        out = d(context.to(device)[None], torch.tensor([state.emitted], device=device),
-                torch.arange(k, device=device)[None], causal, cache)
-        logp = d.action_logits(out[0, -1:]).log_softmax(-1)[0]
+        d, topk, passes = self.drafter, shape.topk, self.passes
+        device = passes.device
+        passes.start()
+        out = passes.run(context.to(device)[None], torch.tensor([state.emitted], device=device),
+                         torch.arange(k, device=device)[None], torch.ones(k, k, dtype=torch.bool).tril())
+        logp = d.action_logits(out[-1:]).log_softmax(-1)[0]
         score, index = logp.topk(topk)
         # every candidate: bin index, parent candidate (-1 = root), score; frontier rows feed the drafter
         bins, parents, scores = index.tolist(), [-1] * topk, score.tolist()
         frontier, frontier_score = list(range(topk)), score
-        inputs = out[0, -1:].expand(topk, -1)  # feature that predicted each frontier token
+        inputs = out[-1:].expand(topk, -1)  # feature that predicted each frontier token
         ancestors: dict[int, list[int]] = {-1: []}  # candidate -> cache slots of its fed ancestors-or-self
         for level in range(1, depth):
-            past, q = cache.get_seq_length(), len(frontier)
+            past, q = passes.length, len(frontier)
             for row, c in enumerate(frontier):
                 ancestors[c] = ancestors[parents[c]] + [past + row]
             allowed = torch.zeros(q, past + q, dtype=torch.bool)
@@ -129,7 +135,7 @@ class DrafterProposer(Proposer):
                     [slot for c in frontier for slot in ancestors[c]]] = True
             tokens = torch.tensor([[bins[c] + d.first_action_id for c in frontier]], device=device)
             positions = torch.full_like(tokens, k - 1 + level)
-            out = d(inputs[None], tokens, positions, additive_mask(allowed).to(device), cache)[0]
+            out = passes.run(inputs[None], tokens, positions, allowed)
             cum = frontier_score[:, None] + d.action_logits(out).log_softmax(-1)
             child_score, child_bin = cum.topk(topk, dim=-1)  # [frontier, topk]
             first = len(bins)

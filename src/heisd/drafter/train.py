@@ -13,10 +13,10 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import groupby
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -17,13 +17,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from heisd.decoding import DecodeConfig, DecodeState, DraftTree, SpeculativeDecoder
 from heisd.decoding.graphs import make_verifier
 from heisd.decoding.vocab import ActionVocab
 from heisd.drafter.config import TreeConfig
-from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget, additive_mask
+from heisd.drafter.model import Drafter, DrafterConfig, DrafterTarget
 from heisd.drafter.proposer import DrafterProposer
 from heisd.profiling.timer import Piece, device_work, measure_rounds
 from heisd.retrieval.config import RetrievalConfig
@@ -101,11 +100,11 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
         dev = drafter.fc.weight.device
         features = pre.hidden[None, None].to(dev)
         tokens, positions = torch.tensor([root], device=dev), torch.zeros(1, 1, dtype=torch.long, device=dev)
-        mask = additive_mask(torch.ones(1, 1, dtype=torch.bool)).to(dev)
+        drafting = DrafterProposer(drafter, config.tree, cuda_graphs=config.cuda_graphs, n_tokens=spec.n_action_tokens)
+        passes, seen = drafting.passes, torch.ones(1, 1, dtype=torch.bool)
         # the first pass of a proposal: one drafter layer over the action context, fresh cache
-        work["drafter_pass"] = (lambda: drafter(features, tokens, positions, mask, DynamicCache()), None)
+        work["drafter_pass"] = (lambda: (passes.start(), passes.run(features, tokens, positions, seen)), None)
         # a whole proposal as the decode loop asks for one: a pass per level plus choosing the tree
-        drafting = DrafterProposer(drafter, config.tree)
         work["drafter_proposal"] = (lambda: (drafting.begin_step({}), drafting.propose(after_prefill)), None)
     if datastore is not None:
         if datastore.key_dim != key.shape[1]:

@@ -181,7 +181,7 @@ def mode_decoders(cfg: MethodConfig, target, datastore=None, drafter=None) -> tu
     verifier = make_verifier(target, cfg.cuda_graphs)
     spec = target.spec
     dcfg = DecodeConfig(n_tokens=spec.n_action_tokens, vocab_size=spec.vocab_size, n_bins=spec.n_bins)
-    drafter = _drafter_proposer(cfg, drafter or load_drafter(cfg, target)) if cfg.drafter else None
+    drafter = _drafter_proposer(cfg, drafter or load_drafter(cfg, target), spec.n_action_tokens) if cfg.drafter else None
     if cfg.method == "ar":
         return {"drafter": SpeculativeDecoder(verifier, dcfg)}, None
     if cfg.method == "jacobi":
@@ -213,11 +213,11 @@ def load_drafter(cfg: MethodConfig, target):
     return drafter.eval().requires_grad_(False)
 
 
-def _drafter_proposer(cfg: MethodConfig, drafter):
+def _drafter_proposer(cfg: MethodConfig, drafter, n_tokens: int):
     from heisd.drafter import DrafterProposer
 
     return DrafterProposer(drafter, TreeConfig(cfg.tree_topk, cfg.tree_depth, cfg.tree_budget),
-                           choose_tree=cfg.drafter_tree == "cost")
+                           choose_tree=cfg.drafter_tree == "cost", cuda_graphs=cfg.cuda_graphs, n_tokens=n_tokens)
 
 
 def retrieval_config(cfg: MethodConfig, target) -> RetrievalConfig:
