@@ -52,14 +52,15 @@ def serve_config(args: argparse.Namespace):
     if args.queue_size < 1 or args.max_body_mb <= 0 or args.max_image_side < 1:
         raise SystemExit("--queue-size, --max-body-mb and --max-image-side must be positive")
     warmup = args.warmup_steps if args.warmup_steps is not None else (4 if args.cuda_graphs else 0)
-    if warmup < 0:
-        raise SystemExit(f"--warmup-steps must be >= 0, got {warmup}")
     try:
         sessions = SessionLimits(args.max_sessions, args.session_timeout)
     except ValueError:
         raise SystemExit("--max-sessions and --session-timeout must be positive") from None
-    return ServeConfig(queue_size=args.queue_size, max_body_bytes=int(args.max_body_mb * 2**20),
-                       wire=WireLimits(max_image_side=args.max_image_side), sessions=sessions, warmup_steps=warmup)
+    try:
+        return ServeConfig(queue_size=args.queue_size, max_body_bytes=int(args.max_body_mb * 2**20),
+                           wire=WireLimits(max_image_side=args.max_image_side), sessions=sessions, warmup_steps=warmup)
+    except ValueError:
+        raise SystemExit(f"--warmup-steps must be >= 0, got {warmup}") from None
 
 
 def run(args: argparse.Namespace) -> int:

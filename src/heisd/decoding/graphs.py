@@ -167,10 +167,9 @@ class StaticVerifier(Verifier):
         self._captured.clear()
 
     def _set_length(self, length: int) -> None:
-        """The cache holds ``length`` positions: the next pass writes its rows from there."""
         self._length = length
-        for layer in self._layers():
-            layer.cumulative_length.fill_(length)  # in place: graphs captured it at its address
+        assert self._cache is not None
+        set_write_position(self._cache, length)
 
     def _layers(self) -> list[StaticLayer]:
         assert self._cache is not None
@@ -179,6 +178,12 @@ class StaticVerifier(Verifier):
     def _check_own(self, cache: Cache) -> None:
         if cache is not self._cache:
             raise ValueError("a StaticVerifier runs passes on the cache of its own latest prefill only")
+
+
+def set_write_position(cache: StaticCache, length: int) -> None:
+    """`cache` holds ``length`` positions: the next pass writes its rows from there."""
+    for layer in cache.layers:
+        cast(StaticLayer, layer).cumulative_length.fill_(length)  # in place: graphs captured it at its address
 
 
 def _round_up(n: int) -> int:

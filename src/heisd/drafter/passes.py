@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import StaticLayer
 
 from heisd.cuda_graphs import capture, require_cuda
+from heisd.decoding.graphs import set_write_position
 from heisd.drafter.model import Drafter, additive_mask
 
 
@@ -114,6 +114,4 @@ class StaticDrafterPasses(DrafterPasses):
 
     def _set_length(self, length: int) -> None:
         self._length = length
-        for layer in self._static.layers:
-            assert isinstance(layer, StaticLayer)
-            layer.cumulative_length.fill_(length)  # in place: graphs captured it at its address
+        set_write_position(self._static, length)

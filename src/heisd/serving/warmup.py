@@ -18,6 +18,8 @@ def warm_up(policy, steps: int, instruction: str) -> dict:
     cost, as they would from any step. Warms `policy` only: another episode open at the same time
     gets a policy of its own, whose passes capture at its first steps (the vision's are shared).
     -> what /info reports."""
+    if not steps:
+        return {"steps": 0, "seconds": 0.0, "graphs_captured": 0}
     spec = policy.target.spec
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (spec.image_size, spec.image_size, 3), dtype=np.uint8)
