@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from helpers import save_tiny_drafter, tiny_vla, write_demo_file
 
+from heisd.cli import main
 from heisd.commands.calibrate import calibrate
+from heisd.errors import InputError
+from heisd.retrieval.manifest import DatastoreError, read_manifest
 from heisd.retrieval import build_datastore, open_datastore
+from heisd.runtime import tolerance
 from heisd.runtime.bench import ladder, run_bench, write_report
 from heisd.runtime.evaluation import EvalConfig
 from heisd.runtime.methods import MethodConfig
@@ -18,6 +23,7 @@ from heisd.runtime.methods import MethodConfig
 def resources(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     vla = tiny_vla()
+    vla.save_pretrained(tmp / "vla")
     save_tiny_drafter(vla, tmp / "drafter")
     write_demo_file(tmp / "demos.hdf5", ["reach-v3", "drawer-close-v3"], episodes=2, steps=20)
     build_datastore(vla, [tmp / "demos.hdf5"], tmp / "datastore")
@@ -95,3 +101,65 @@ def test_kinematic_window_counts_env_steps(resources):
     metrics = [policy.act(image, state, path[:1])[1].metric]
     metrics += [policy.act(image, state, path[i : i + 2])[1].metric for i in range(1, 15, 2)]
     assert metrics[:-1] == [None] * 7 and metrics[-1] is not None  # 1 + 7 x 2 = 15 positions
+
+
+def bench_argv(tmp, out, *extra: str) -> list[str]:
+    return ["bench", "--target", str(tmp / "vla"), "--drafter", str(tmp / "drafter"), "--datastore",
+            str(tmp / "datastore"), "--tasks", "reach-v3", "--episodes", "1", "--max-steps", "8", "--only", "heisd", "heisd+tol:scale=0",
+            "--tolerances", "scale=0", "--persist-tolerance", "--out", str(out), *extra]
+
+
+def test_persist_tolerance_chooses_on_layouts_the_evaluation_never_uses(resources, capsys):
+    _, tmp = resources
+    assert main(bench_argv(tmp, tmp / "t0", "--seed", "0")) == 2
+    assert "--persist-tolerance on mw needs a --seed other than the evaluation's" in capsys.readouterr().err
+    assert main(bench_argv(tmp, tmp / "t1", "--seed", "1", "--only", "specvla")) == 2
+    assert "no full heisd run to choose from" in capsys.readouterr().err
+    libero = ["--benchmark", "libero_object", "--tasks", "all", "--seed", "1"]
+    assert main(bench_argv(tmp, tmp / "t2", *libero)) == 2
+    assert "--persist-tolerance on LIBERO needs --sampled-layouts" in capsys.readouterr().err
+    assert not any((tmp / t).exists() for t in ("t0", "t1", "t2"))  # refused before anything ran
+
+
+def test_persist_tolerance_needs_a_success_to_keep(resources, capsys):
+    """The tiny target never succeeds: the run is kept and reported, nothing is stored."""
+    _, tmp = resources
+    manifest = (tmp / "datastore" / "manifest.json").read_bytes()
+    assert main(bench_argv(tmp, tmp / "t", "--seed", "1")) == 1
+    assert "AR succeeded in no episode" in capsys.readouterr().err
+    assert (tmp / "datastore" / "manifest.json").read_bytes() == manifest
+    bench = json.loads((tmp / "t" / "bench.json").read_text())
+    assert [s["method"] for s in bench] == ["ar", "heisd", "heisd+tol:scale=0"]
+
+
+def test_the_stored_tolerance_is_the_fastest_that_kept_ars_successes_and_the_default(resources, tmp_path, capsys):
+    _, tmp = resources
+    store = tmp_path / "store"
+    shutil.copytree(tmp / "datastore", store)
+    tried = [tolerance.Candidate("scale=0.5,floor=2", 2, 4, 1.5), tolerance.Candidate("scale=0.1,floor=1", 3, 4, 1.3),
+             tolerance.Candidate("scale=0", 4, 4, 1.1)]
+    assert tolerance.choose(3, tried) == tried[1]
+    assert tolerance.choose(4, tried) == tried[2]
+    with pytest.raises(InputError, match="AR succeeded in no episode"):
+        tolerance.choose(0, tried)
+    files = read_manifest(store)["files"]
+    with pytest.raises(InputError, match=r"no candidate tolerance kept AR's 5 successes \(scale=0.5,floor=2 2/4, .*"
+                                         r"nothing was stored"):
+        tolerance.persist(store, files, 5, tried, {})
+    with pytest.raises(DatastoreError, match="rebuilt since it was loaded"):
+        tolerance.persist(store, {}, 3, tried, {})
+    assert tolerance.stored(store) is None
+    record = tolerance.persist(store, files, 3, tried, {"episodes": 4})
+    assert record["tolerance"] == tolerance.stored(store) == "scale=0.1,floor=1"
+    assert record["candidates"][0] == {"tolerance": "scale=0.5,floor=2", "successes": 2, "episodes": 4,
+                                       "speedup": 1.5}
+
+    def run_tolerance(out, *extra):
+        argv = ["eval", "--method", "heisd", "--target", str(tmp / "vla"), "--drafter", str(tmp / "drafter"),
+                "--datastore", str(store), "--tasks", "reach-v3", "--episodes", "1", "--max-steps", "2",
+                "--out", str(tmp_path / out), *extra]
+        assert main(argv) == 0
+        return json.loads((tmp_path / out / "run.json").read_text())["method_config"]["tolerance"]
+
+    assert run_tolerance("stored") == "scale=0.1,floor=1"  # the datastore's, unasked
+    assert run_tolerance("given", "--tolerance", "paper") == "paper"  # a flag wins

@@ -41,6 +41,20 @@ def test_suites_and_max_steps_are_openvlas():
     assert BENCHMARKS == ("mw", "libero_spatial", "libero_object", "libero_goal", "libero_10")
     assert reset_options("libero_object", 1234, 7) == {"init_state": 7}
     assert reset_options("mw", 1234, 7) == {"layout_seed": 1234}
+    # sampled layouts (closed-loop calibration): LIBERO's samplers, never the init states evaluation uses
+    assert reset_options("libero_object", 1234, 7, sampled=True) == {"layout_seed": 1234}
+
+
+def test_sampled_layouts_are_recorded_only_where_used():
+    from heisd.errors import ConfigError
+    from heisd.runtime.evaluation import EvalConfig
+
+    run = EvalConfig((OBJECT_TASK,), 2, benchmark="libero_object", protocol="openvla", sampled_layouts=True)
+    assert run.settings()["sampled_layouts"] is True
+    # a run from before the option existed resumes: its run.json never had the key
+    assert "sampled_layouts" not in EvalConfig((OBJECT_TASK,), 2, benchmark="libero_object").settings()
+    with pytest.raises(ConfigError, match="sampled layouts are for LIBERO"):
+        EvalConfig(("reach-v3",), 2, sampled_layouts=True)
 
 
 def test_rotate_180_flips_rows_and_columns():

@@ -93,7 +93,8 @@ def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps:
     return MetaWorldEnv(task, MWConfig(image_size, camera, max_steps))
 
 
-def reset_options(benchmark: str, layout_seed: int, episode: int) -> dict:
+def reset_options(benchmark: str, layout_seed: int, episode: int, sampled: bool = False) -> dict:
     """How episode `episode` starts: mw draws a layout from its seed; LIBERO episode i starts from the
-    suite's init state i, as OpenVLA's protocol does."""
-    return {"init_state": episode} if is_libero(benchmark) else {"layout_seed": layout_seed}
+    suite's init state i, as OpenVLA's protocol does, or with ``sampled`` from a layout its own
+    samplers draw from the seed (layouts the evaluation's init states never are)."""
+    return {"init_state": episode} if is_libero(benchmark) and not sampled else {"layout_seed": layout_seed}

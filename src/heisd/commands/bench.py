@@ -41,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persist-thresholds", action="store_true",
                    help="after the last episode, merge the full heisd run's online-adapted skip thresholds into "
                         "the datastore's manifest (by default they stay in --out and the datastore is only read)")
+    p.add_argument("--persist-tolerance", action="store_true",
+                   help="choose the acceptance tolerance closed loop: of the full heisd runs (the ladder's and "
+                        "--tolerances'), the fastest that succeeded in at least as many episodes as AR; store it "
+                        "with the datastore as every command's default --tolerance. Needs layouts the evaluation "
+                        "never uses: --sampled-layouts on LIBERO, a --seed other than the evaluation's on mw")
     add_ray_arguments(p, "episodes (each job: one episode with every configuration in turn)")
 
 
@@ -86,11 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if args.ray is not None and args.persist_thresholds:
         raise UsageError("--persist-thresholds: with --ray each worker adapts the skip thresholds over its own "
                          "episodes; there is no one sequence of updates to store")
+    files = _tolerance_run_files(args, configs, full_heisd(base)) if args.persist_tolerance else None
     closed_loop_unnorm_key(args)
     target = load_target(args)
     check_target(args.benchmark, target.spec)
     cfg = EvalConfig(tasks, episodes, args.seed, max_steps, camera=camera_of(args), benchmark=args.benchmark,
-                     protocol=target.spec.protocol, center_crop=not args.no_center_crop)
+                     protocol=target.spec.protocol, center_crop=not args.no_center_crop,
+                     sampled_layouts=args.sampled_layouts)
     out = Path(args.out)
     summaries = run_bench(target, configs, cfg, out, persist=full_heisd(base) if args.persist_thresholds else None,
                           target_path=args.target, record_options=args.record_options, executor=executor,
@@ -100,4 +107,36 @@ def run(args: argparse.Namespace) -> int:
     print(report_table(summaries))
     print(f"report: {report}")
     print("plots: " + ", ".join(str(p) for p in sorted(out.glob("*.png"))))
+    if files is not None:
+        from heisd.runtime import tolerance
+
+        ar = summaries[0]
+        record = tolerance.persist(args.datastore, files, round(ar["sr"] * ar["episodes"]),
+                                   tolerance.candidates(configs, summaries, full_heisd(base)),
+                                   {"episodes": ar["episodes"], "tasks": list(cfg.tasks), "seed": cfg.seed,
+                                    "sampled_layouts": cfg.sampled_layouts})
+        print(f"stored tolerance {record['tolerance']} with {args.datastore}")
     return 0
+
+
+def _tolerance_run_files(args: argparse.Namespace, configs: list, full) -> dict:
+    """Check a --persist-tolerance run before it starts; the datastore's file records as it starts."""
+    from pathlib import Path
+
+    from heisd.benchmarks.registry import is_libero
+    from heisd.errors import UsageError
+    from heisd.retrieval.manifest import read_manifest
+    from heisd.runtime.tolerance import candidate_runs
+
+    if is_libero(args.benchmark) and not args.sampled_layouts:
+        raise UsageError("--persist-tolerance on LIBERO needs --sampled-layouts: a tolerance chosen on the suite's "
+                         "init states would be scored on the episodes that chose it")
+    if args.benchmark == "mw" and args.seed == 0:
+        raise UsageError("--persist-tolerance on mw needs a --seed other than the evaluation's (0), so the "
+                         "layouts it chooses on are not the ones it is scored on")
+    if not args.datastore:
+        raise UsageError("--persist-tolerance needs --datastore: the tolerance is stored with it")
+    if not candidate_runs(configs, full):
+        raise UsageError("--persist-tolerance: no full heisd run to choose from (keep 'heisd' in --only, or "
+                         "give --tolerances)")
+    return read_manifest(Path(args.datastore))["files"]

@@ -8,6 +8,9 @@ default lives in one place.
 from __future__ import annotations
 
 import argparse
+import logging
+
+log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices (torch dtype names)
 # the shipped target each benchmark's closed-loop commands use when --target is not given
@@ -27,7 +30,8 @@ TOLERANCE_HELP = (
     "bins), fine=M with fine-below=F (where the kinematic metric F is below F -- the arm slowing into a fine "
     "phase -- every bound is multiplied by M; 0 = exact; heisd only, which tracks F), margin=L (a token "
     "must match exactly where the target's top logit leads its second by more than L: a confident target), "
-    "e.g. scale=0.5,floor=2")
+    "e.g. scale=0.5,floor=2. Default: the tolerance `bench --persist-tolerance` chose closed loop and stored with "
+    "the datastore, else scale=0.5,floor=2")
 
 
 CUDA_GRAPHS_HELP = ("target on a CUDA device: run its passes on a static KV cache, each pass shape captured once "
@@ -104,7 +108,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
                         "of in a pass of its own after it (ours; the verify-skip then has no pass to skip); pays "
                         "where a pass costs about the same whatever its tokens (a GPU), not on a small CPU target")
     p.add_argument("--no-group-acceptance", action="store_true", help="ablation: exact instead of group-relaxed")
-    p.add_argument("--tolerance", default=d("tolerance"), metavar="SPEC", help=TOLERANCE_HELP)
+    p.add_argument("--tolerance", default=None, metavar="SPEC", help=TOLERANCE_HELP)
     p.add_argument("--cuda-graphs", action="store_true", help=CUDA_GRAPHS_HELP)
 
 
@@ -158,7 +162,7 @@ def _method_config(args: argparse.Namespace, method: str | None = None, **overri
         retrieval_k=args.retrieval_k, retrieval_budget=args.retrieval_budget, payload=args.payload,
         retrieval_fallback=args.retrieval_fallback, drafter_tree=args.drafter_tree,
         continuation=not args.no_continuation, fused_prefill=args.fused_prefill,
-        group_acceptance=not args.no_group_acceptance, tolerance=args.tolerance, cuda_graphs=args.cuda_graphs,
+        group_acceptance=not args.no_group_acceptance, tolerance=_tolerance(args), cuda_graphs=args.cuda_graphs,
     )
     optional = dict(relaxed_r="relaxed_r", verify_skip="no_verify_skip", prefill_skip="no_prefill_skip",
                     gripper_guard="no_gripper_guard",
@@ -168,6 +172,20 @@ def _method_config(args: argparse.Namespace, method: str | None = None, **overri
             value = getattr(args, flag)
             given[field] = not value if flag.startswith("no_") else value
     return MethodConfig(**{**given, **overrides})
+
+
+def _tolerance(args: argparse.Namespace) -> str:
+    """--tolerance, else the one stored with the datastore (`runtime.tolerance`), else MethodConfig's."""
+    from heisd.runtime import tolerance
+    from heisd.runtime.methods import MethodConfig, default_of
+
+    if args.tolerance is not None:
+        return args.tolerance
+    spec = tolerance.stored(args.datastore)
+    if spec is not None:
+        log.info("acceptance tolerance %s: chosen closed loop and stored with %s", spec, args.datastore)
+        return spec
+    return default_of(MethodConfig, "tolerance")
 
 
 def shipped_target(args: argparse.Namespace) -> None:
@@ -208,6 +226,10 @@ def add_episode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-center-crop", action="store_true",
                    help="OpenVLA target on LIBERO: skip the 0.9-area center crop of the frames (OpenVLA's eval "
                         "crops by default, for checkpoints fine-tuned with crop augmentation)")
+    p.add_argument("--sampled-layouts", action="store_true",
+                   help="LIBERO: start episode i from a fresh layout drawn by LIBERO's own samplers from its seed "
+                        "(--seed; no demonstration seed draws it) instead of the suite's init state i: closed-loop "
+                        "calibration, e.g. bench --persist-tolerance, on layouts the evaluation never uses")
 
 
 def max_steps_of(args: argparse.Namespace) -> int:

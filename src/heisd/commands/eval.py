@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
     summary = evaluate(policy, label, EvalConfig(tasks, args.episodes, args.seed, max_steps_of(args), args.execute,
                                                  camera=camera_of(args), benchmark=args.benchmark, protocol=protocol,
-                                                 center_crop=not args.no_center_crop),
+                                                 center_crop=not args.no_center_crop,
+                                                 sampled_layouts=args.sampled_layouts),
                        Path(args.out), identity=identity, persist_thresholds=args.persist_thresholds,
                        executor=executor, make_policy=make_policy)
     print(json.dumps(summary, indent=2))

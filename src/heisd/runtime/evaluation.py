@@ -46,8 +46,13 @@ class EvalConfig:
     benchmark: str = "mw"  # mw or a LIBERO suite (heisd.benchmarks.registry)
     protocol: str = "raw"  # the target's frame/action convention (TargetSpec.protocol; "openvla" on LIBERO)
     center_crop: bool = True  # openvla protocol: OpenVLA's 0.9-area center crop (run_libero_eval.py's default)
+    # LIBERO: episodes start from layouts LIBERO's samplers draw from their layout seeds, not from the suite's
+    # init states: closed-loop calibration on layouts the evaluation never uses (mw layouts are always drawn)
+    sampled_layouts: bool = False
 
     def __post_init__(self) -> None:
+        if self.sampled_layouts and self.benchmark == "mw":
+            raise ConfigError("sampled layouts are for LIBERO (mw episodes always start from drawn layouts)")
         for name, least in (("episodes", 1), ("max_steps", 1), ("execute", 0), ("seed", 0), ("image_size", 1)):
             if getattr(self, name) < least:
                 raise ConfigError(f"EvalConfig.{name} must be >= {least}, got {getattr(self, name)}")
@@ -57,6 +62,8 @@ class EvalConfig:
         settings = asdict(self)
         if self.protocol != "openvla":
             del settings["center_crop"]
+        if not self.sampled_layouts:  # runs recorded before the option existed resume as they were
+            del settings["sampled_layouts"]
         return settings
 
 
@@ -188,7 +195,8 @@ def play_episode(worker: EpisodeWorker, k: int, task: str, i: int) -> dict:
             env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps, cfg.protocol,
                            cfg.center_crop)
             try:
-                line = run_episode(env, policy, reset_options(cfg.benchmark, layout_seed, i), cfg.execute)
+                options = reset_options(cfg.benchmark, layout_seed, i, cfg.sampled_layouts)
+                line = run_episode(env, policy, options, cfg.execute)
             except InputError as err:
                 raise InputError(f"{worker.out}: {task} episode {i}: {err}") from err
         line.update(task=task, episode=i, layout_seed=layout_seed)

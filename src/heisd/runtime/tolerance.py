@@ -1,0 +1,82 @@
+"""The acceptance tolerance a target keeps AR's success with: chosen closed loop, stored with the datastore.
+
+Offline frames cannot say whether a relaxed action costs a grasp: the image-only OpenVLA-architecture
+target lost episodes AR won at the default tolerance while its calibration frames promised little
+(BENCHMARKS 15.9). So the choice is made closed loop. `bench --sampled-layouts --tolerances ...
+--persist-tolerance` runs AR and the full HeiSD at each candidate tolerance on layouts LIBERO's
+samplers draw (never the evaluation's init states). It keeps the fastest candidate that succeeded in
+at least as many episodes as AR, and stores it in the datastore manifest's extras. Every command that
+builds a method on that datastore then takes it as its default `--tolerance`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from heisd.errors import InputError
+
+log = logging.getLogger(__name__)
+
+TOLERANCE_KEY = "tolerance"  # datastore extras: the chosen tolerance and the episodes behind it
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tolerance: str  # canonical spec (`Tolerance.spec`)
+    successes: int
+    episodes: int
+    speedup: float  # median-latency speedup over AR in the same run
+
+
+def choose(ar_successes: int, candidates: Sequence[Candidate]) -> Candidate | None:
+    """The fastest candidate with at least AR's successes (None: none kept them)."""
+    if ar_successes < 1:
+        raise InputError("AR succeeded in no episode: there is no success to keep, so no tolerance can be chosen "
+                         "(more episodes, or another target)")
+    kept = [c for c in candidates if c.successes >= ar_successes]
+    return max(kept, key=lambda c: c.speedup, default=None)
+
+
+def candidate_runs(configs: Sequence, full) -> list[int]:
+    """Which of a bench's configurations are the full HeiSD `full` (a MethodConfig) at some tolerance."""
+    from dataclasses import replace
+
+    return [k for k, mc in enumerate(configs) if replace(mc, tolerance=full.tolerance) == full]
+
+
+def candidates(configs: Sequence, summaries: Sequence[dict], full) -> list[Candidate]:
+    """Those runs' results (`summaries`: the bench's, in the order of `configs`)."""
+    return [Candidate(configs[k].tolerance, round(summaries[k]["sr"] * summaries[k]["episodes"]),
+                      summaries[k]["episodes"], float(summaries[k]["speedup"])) for k in candidate_runs(configs, full)]
+
+
+def stored(datastore: str | Path | None) -> str | None:
+    """The tolerance stored with `datastore` (None: no datastore, or none chosen for it)."""
+    if datastore is None:
+        return None
+    from heisd.retrieval.manifest import read_manifest
+
+    record = read_manifest(Path(datastore))["extras"].get(TOLERANCE_KEY)
+    return None if record is None else str(record["tolerance"])
+
+
+def persist(datastore: str | Path, files: dict, ar_successes: int, candidates: Sequence[Candidate],
+            run: dict) -> dict:
+    """Choose and store; returns the record written. `files`: the manifest's file records as the run
+    started (an edit never lands on a datastore rebuilt meanwhile); `run`: where the episodes came from."""
+    from heisd.retrieval.manifest import edit_manifest_extras
+
+    best = choose(ar_successes, candidates)
+    if best is None:
+        tried = ", ".join(f"{c.tolerance} {c.successes}/{c.episodes}" for c in candidates)
+        raise InputError(f"no candidate tolerance kept AR's {ar_successes} successes ({tried}); nothing was stored. "
+                         "Add stricter candidates (scale=0 accepts exactly) and run again: finished episodes are kept")
+    record = {"tolerance": best.tolerance, "ar_successes": ar_successes, **run,
+              "candidates": [asdict(c) for c in candidates]}
+    edit_manifest_extras(Path(datastore), files, lambda extras: {**extras, TOLERANCE_KEY: record})
+    log.info("stored acceptance tolerance %s with %s (%d/%d successes, AR %d; %.2fx)", best.tolerance, datastore,
+             best.successes, best.episodes, ar_successes, best.speedup)
+    return record
