@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 from helpers import save_tiny_drafter, tiny_vla, write_demo_file
@@ -105,8 +106,9 @@ def test_kinematic_window_counts_env_steps(resources):
 
 def bench_argv(tmp, out, *extra: str) -> list[str]:
     return ["bench", "--target", str(tmp / "vla"), "--drafter", str(tmp / "drafter"), "--datastore",
-            str(tmp / "datastore"), "--tasks", "reach-v3", "--episodes", "1", "--max-steps", "8", "--only", "heisd", "heisd+tol:scale=0",
-            "--tolerances", "scale=0", "--persist-tolerance", "--out", str(out), *extra]
+            str(tmp / "datastore"), "--tasks", "reach-v3", "--episodes", "1", "--max-steps", "8",
+            "--only", "heisd", "heisd+tol:scale=0", "--tolerances", "scale=0", "--persist-tolerance",
+            "--out", str(out), *extra]
 
 
 def test_persist_tolerance_chooses_on_layouts_the_evaluation_never_uses(resources, capsys):
@@ -136,10 +138,13 @@ def test_the_stored_tolerance_is_the_fastest_that_kept_ars_successes_and_the_def
     _, tmp = resources
     store = tmp_path / "store"
     shutil.copytree(tmp / "datastore", store)
-    tried = [tolerance.Candidate("scale=0.5,floor=2", 2, 4, 1.5), tolerance.Candidate("scale=0.1,floor=1", 3, 4, 1.3),
-             tolerance.Candidate("scale=0", 4, 4, 1.1)]
-    assert tolerance.choose(3, tried) == tried[1]
-    assert tolerance.choose(4, tried) == tried[2]
+    tried = [tolerance.Candidate("scale=0.5,floor=2", 2, 4, 1, 1.5),
+             tolerance.Candidate("scale=0.1,floor=1", 3, 4, 1, 1.3),
+             tolerance.Candidate("scale=0.2,floor=1", 3, 4, 0, 1.2),
+             tolerance.Candidate("scale=0", 4, 4, 0, 1.1)]
+    # AR's count kept, then the fewest of AR's episodes lost (a trade at an equal count loses), then speed
+    assert tolerance.choose(3, tried) == tried[2]
+    assert tolerance.choose(4, tried) == tried[3]
     with pytest.raises(InputError, match="AR succeeded in no episode"):
         tolerance.choose(0, tried)
     files = read_manifest(store)["files"]
@@ -150,8 +155,9 @@ def test_the_stored_tolerance_is_the_fastest_that_kept_ars_successes_and_the_def
         tolerance.persist(store, {}, 3, tried, {})
     assert tolerance.stored(store) is None
     record = tolerance.persist(store, files, 3, tried, {"episodes": 4})
-    assert record["tolerance"] == tolerance.stored(store) == "scale=0.1,floor=1"
-    assert record["candidates"][0] == {"tolerance": "scale=0.5,floor=2", "successes": 2, "episodes": 4,
+    assert record["tolerance"] == tolerance.stored(store)
+    assert record["tolerance"] == "scale=0.2,floor=1"
+    assert record["candidates"][0] == {"tolerance": "scale=0.5,floor=2", "successes": 2, "episodes": 4, "lost": 1,
                                        "speedup": 1.5}
 
     def run_tolerance(out, *extra):
@@ -161,5 +167,22 @@ def test_the_stored_tolerance_is_the_fastest_that_kept_ars_successes_and_the_def
         assert main(argv) == 0
         return json.loads((tmp_path / out / "run.json").read_text())["method_config"]["tolerance"]
 
-    assert run_tolerance("stored") == "scale=0.1,floor=1"  # the datastore's, unasked
+    assert run_tolerance("stored") == "scale=0.2,floor=1"  # the datastore's, unasked
     assert run_tolerance("given", "--tolerance", "paper") == "paper"  # a flag wins
+
+
+def test_candidates_count_the_episodes_ar_won_that_they_lost(tmp_path):
+    """A run that trades one of AR's successes for another keeps AR's count but loses one."""
+    full = MethodConfig("heisd", drafter="d", datastore="s")
+    configs = [MethodConfig("ar"), full, replace(full, tolerance="scale=0")]
+    won = {"ar": [1, 1, 0], "heisd": [1, 0, 1], "exact": [1, 1, 0]}
+    for name, successes in won.items():
+        (tmp_path / name).mkdir()
+        lines = [json.dumps({"task": "reach-v3", "episode": i, "success": bool(ok)}) for i, ok in enumerate(successes)]
+        (tmp_path / name / "episodes.jsonl").write_text("".join(line + "\n" for line in lines))
+    summaries = [{"dir": name, "sr": sum(v) / 3, "episodes": 3, "speedup": speed}
+                 for (name, v), speed in zip(won.items(), (1.0, 1.6, 1.4), strict=True)]
+    found = tolerance.candidates(configs, summaries, full, tmp_path)
+    assert found == [tolerance.Candidate("scale=0.5,floor=2", 2, 3, 1, 1.6),
+                     tolerance.Candidate("scale=0", 2, 3, 0, 1.4)]
+    assert tolerance.choose(2, found).tolerance == "scale=0"

@@ -43,9 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the datastore's manifest (by default they stay in --out and the datastore is only read)")
     p.add_argument("--persist-tolerance", action="store_true",
                    help="choose the acceptance tolerance closed loop: of the full heisd runs (the ladder's and "
-                        "--tolerances'), the fastest that succeeded in at least as many episodes as AR; store it "
-                        "with the datastore as every command's default --tolerance. Needs layouts the evaluation "
-                        "never uses: --sampled-layouts on LIBERO, a --seed other than the evaluation's on mw")
+                        "--tolerances') that succeeded in at least as many episodes as AR, the one that lost the "
+                        "fewest of AR's successful episodes, then the fastest; store it with the datastore as every "
+                        "command's default --tolerance. Needs layouts the evaluation never uses: --sampled-layouts "
+                        "on LIBERO, a --seed other than the evaluation's on mw")
     add_ray_arguments(p, "episodes (each job: one episode with every configuration in turn)")
 
 
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
         ar = summaries[0]
         record = tolerance.persist(args.datastore, files, round(ar["sr"] * ar["episodes"]),
-                                   tolerance.candidates(configs, summaries, full_heisd(base)),
+                                   tolerance.candidates(configs, summaries, full_heisd(base), out),
                                    {"episodes": ar["episodes"], "tasks": list(cfg.tasks), "seed": cfg.seed,
                                     "sampled_layouts": cfg.sampled_layouts})
         print(f"stored tolerance {record['tolerance']} with {args.datastore}")

@@ -4,9 +4,11 @@ Offline frames cannot say whether a relaxed action costs a grasp: the image-only
 target lost episodes AR won at the default tolerance while its calibration frames promised little
 (BENCHMARKS 15.9). So the choice is made closed loop. `bench --sampled-layouts --tolerances ...
 --persist-tolerance` runs AR and the full HeiSD at each candidate tolerance on layouts LIBERO's
-samplers draw (never the evaluation's init states). It keeps the fastest candidate that succeeded in
-at least as many episodes as AR, and stores it in the datastore manifest's extras. Every command that
-builds a method on that datastore then takes it as its default `--tolerance`.
+samplers draw (never the evaluation's init states). Of the candidates that succeeded in at least as
+many episodes as AR, it keeps the one that lost the fewest of the episodes AR won (a closed loop can
+trade one success for another at an equal count), then the fastest. It stores it in the datastore
+manifest's extras. Every command that builds a method on that datastore then takes it as its default
+`--tolerance`.
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ class Candidate:
     tolerance: str  # canonical spec (`Tolerance.spec`)
     successes: int
     episodes: int
+    lost: int  # episodes AR won that this candidate did not
     speedup: float  # median-latency speedup over AR in the same run
 
 
 def choose(ar_successes: int, candidates: Sequence[Candidate]) -> Candidate | None:
-    """The fastest candidate with at least AR's successes (None: none kept them)."""
+    """Of the candidates with at least AR's successes, the one that lost the fewest of AR's episodes,
+    then the fastest (None: none kept AR's count)."""
     if ar_successes < 1:
         raise InputError("AR succeeded in no episode: there is no success to keep, so no tolerance can be chosen "
                          "(more episodes, or another target)")
     kept = [c for c in candidates if c.successes >= ar_successes]
-    return max(kept, key=lambda c: c.speedup, default=None)
+    return min(kept, key=lambda c: (c.lost, -c.speedup), default=None)
 
 
 def candidate_runs(configs: Sequence, full) -> list[int]:
@@ -47,10 +51,17 @@ def candidate_runs(configs: Sequence, full) -> list[int]:
     return [k for k, mc in enumerate(configs) if replace(mc, tolerance=full.tolerance) == full]
 
 
-def candidates(configs: Sequence, summaries: Sequence[dict], full) -> list[Candidate]:
-    """Those runs' results (`summaries`: the bench's, in the order of `configs`)."""
+def candidates(configs: Sequence, summaries: Sequence[dict], full, out: Path) -> list[Candidate]:
+    """Those runs' results: `summaries` are the bench's in `out`, in the order of `configs`, AR's first."""
+    from heisd.runtime.evaluation import EPISODES_FILE, read_episodes
+
+    def won(summary: dict) -> set[tuple[str, int]]:
+        return {(e["task"], e["episode"]) for e in read_episodes(out / summary["dir"] / EPISODES_FILE) if e["success"]}
+
+    ar_won = won(summaries[0])
     return [Candidate(configs[k].tolerance, round(summaries[k]["sr"] * summaries[k]["episodes"]),
-                      summaries[k]["episodes"], float(summaries[k]["speedup"])) for k in candidate_runs(configs, full)]
+                      summaries[k]["episodes"], len(ar_won - won(summaries[k])), float(summaries[k]["speedup"]))
+            for k in candidate_runs(configs, full)]
 
 
 def stored(datastore: str | Path | None) -> str | None:
@@ -77,6 +88,6 @@ def persist(datastore: str | Path, files: dict, ar_successes: int, candidates: S
     record = {"tolerance": best.tolerance, "ar_successes": ar_successes, **run,
               "candidates": [asdict(c) for c in candidates]}
     edit_manifest_extras(Path(datastore), files, lambda extras: {**extras, TOLERANCE_KEY: record})
-    log.info("stored acceptance tolerance %s with %s (%d/%d successes, AR %d; %.2fx)", best.tolerance, datastore,
-             best.successes, best.episodes, ar_successes, best.speedup)
+    log.info("stored acceptance tolerance %s with %s (%d/%d successes, AR %d, %d of AR's lost; %.2fx)",
+             best.tolerance, datastore, best.successes, best.episodes, ar_successes, best.lost, best.speedup)
     return record
