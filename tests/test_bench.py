@@ -13,7 +13,7 @@ from heisd.cli import main
 from heisd.commands.calibrate import calibrate
 from heisd.errors import InputError
 from heisd.retrieval.manifest import DatastoreError, read_manifest
-from heisd.retrieval import build_datastore, open_datastore
+from heisd.retrieval import Datastore, build_datastore, open_datastore
 from heisd.runtime import tolerance
 from heisd.runtime.bench import ladder, run_bench, write_report
 from heisd.runtime.evaluation import EvalConfig
@@ -154,6 +154,10 @@ def test_the_stored_tolerance_is_the_fastest_that_kept_ars_successes_and_the_def
     with pytest.raises(DatastoreError, match="rebuilt since it was loaded"):
         tolerance.persist(store, {}, 3, tried, {})
     assert tolerance.stored(store) is None
+    Datastore.load(store).update_extras({"tolerance": {"tolerance": "scale=lots"}})
+    with pytest.raises(DatastoreError, match="extras 'tolerance' holds no usable tolerance"):
+        tolerance.stored(store)
+    Datastore.load(store).update_extras({"tolerance": None})
     record = tolerance.persist(store, files, 3, tried, {"episodes": 4})
     assert record["tolerance"] == tolerance.stored(store)
     assert record["tolerance"] == "scale=0.2,floor=1"

@@ -59,19 +59,29 @@ def candidates(configs: Sequence, summaries: Sequence[dict], full, out: Path) ->
         return {(e["task"], e["episode"]) for e in read_episodes(out / summary["dir"] / EPISODES_FILE) if e["success"]}
 
     ar_won = won(summaries[0])
-    return [Candidate(configs[k].tolerance, round(summaries[k]["sr"] * summaries[k]["episodes"]),
-                      summaries[k]["episodes"], len(ar_won - won(summaries[k])), float(summaries[k]["speedup"]))
-            for k in candidate_runs(configs, full)]
+    found = []
+    for k in candidate_runs(configs, full):
+        its = won(summaries[k])
+        found.append(Candidate(configs[k].tolerance, len(its), summaries[k]["episodes"], len(ar_won - its),
+                               float(summaries[k]["speedup"])))
+    return found
 
 
 def stored(datastore: str | Path | None) -> str | None:
     """The tolerance stored with `datastore` (None: no datastore, or none chosen for it)."""
     if datastore is None:
         return None
-    from heisd.retrieval.manifest import read_manifest
+    from heisd.retrieval.config import Tolerance
+    from heisd.retrieval.manifest import MANIFEST, DatastoreError, read_manifest
 
     record = read_manifest(Path(datastore))["extras"].get(TOLERANCE_KEY)
-    return None if record is None else str(record["tolerance"])
+    if record is None:
+        return None
+    try:
+        return Tolerance.parse(str(record["tolerance"])).spec()
+    except (TypeError, KeyError, ValueError) as err:
+        raise DatastoreError(Path(datastore) / MANIFEST, f"extras {TOLERANCE_KEY!r} holds no usable tolerance "
+                             f"({err!r}); run `bench --persist-tolerance` again") from None
 
 
 def persist(datastore: str | Path, files: dict, ar_successes: int, candidates: Sequence[Candidate],
