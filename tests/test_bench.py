@@ -186,7 +186,8 @@ def test_candidates_count_the_episodes_ar_won_that_they_lost(tmp_path):
         (tmp_path / name / "episodes.jsonl").write_text("".join(line + "\n" for line in lines))
     summaries = [{"dir": name, "sr": sum(v) / 3, "episodes": 3, "speedup": speed}
                  for (name, v), speed in zip(won.items(), (1.0, 1.6, 1.4), strict=True)]
-    found = tolerance.candidates(configs, summaries, full, tmp_path)
+    ar_successes, found = tolerance.scored(configs, summaries, full, tmp_path)
+    assert ar_successes == 2
     assert found == [tolerance.Candidate("scale=0.5,floor=2", 2, 3, 1, 1.6),
                      tolerance.Candidate("scale=0", 2, 3, 0, 1.4)]
     assert tolerance.choose(2, found).tolerance == "scale=0"

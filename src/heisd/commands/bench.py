@@ -111,10 +111,9 @@ def run(args: argparse.Namespace) -> int:
     if files is not None:
         from heisd.runtime import tolerance
 
-        ar = summaries[0]
-        record = tolerance.persist(args.datastore, files, round(ar["sr"] * ar["episodes"]),
-                                   tolerance.candidates(configs, summaries, full_heisd(base), out),
-                                   {"episodes": ar["episodes"], "tasks": list(cfg.tasks), "seed": cfg.seed,
+        ar_successes, tried = tolerance.scored(configs, summaries, full_heisd(base), out)
+        record = tolerance.persist(args.datastore, files, ar_successes, tried,
+                                   {"episodes": summaries[0]["episodes"], "tasks": list(cfg.tasks), "seed": cfg.seed,
                                     "sampled_layouts": cfg.sampled_layouts})
         print(f"stored tolerance {record['tolerance']} with {args.datastore}")
     return 0

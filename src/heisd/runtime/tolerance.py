@@ -51,8 +51,9 @@ def candidate_runs(configs: Sequence, full) -> list[int]:
     return [k for k, mc in enumerate(configs) if replace(mc, tolerance=full.tolerance) == full]
 
 
-def candidates(configs: Sequence, summaries: Sequence[dict], full, out: Path) -> list[Candidate]:
-    """Those runs' results: `summaries` are the bench's in `out`, in the order of `configs`, AR's first."""
+def scored(configs: Sequence, summaries: Sequence[dict], full, out: Path) -> tuple[int, list[Candidate]]:
+    """AR's successes and those runs' results, both from their episodes: `summaries` are the bench's in
+    `out`, in the order of `configs`, AR's first."""
     from heisd.runtime.evaluation import EPISODES_FILE, read_episodes
 
     def won(summary: dict) -> set[tuple[str, int]]:
@@ -64,7 +65,7 @@ def candidates(configs: Sequence, summaries: Sequence[dict], full, out: Path) ->
         its = won(summaries[k])
         found.append(Candidate(configs[k].tolerance, len(its), summaries[k]["episodes"], len(ar_won - its),
                                float(summaries[k]["speedup"])))
-    return found
+    return len(ar_won), found
 
 
 def stored(datastore: str | Path | None) -> str | None:
