@@ -16,13 +16,13 @@ TINY = {"hidden_size": 32, "n_layers": 1, "n_heads": 4, "intermediate_size": 64,
         "vision_channels": (8, 16), "max_positions": 64}
 
 
-def tiny_vla(seed: int = 0, instructions: list[str] | None = None, state_dim: int = STATE_DIM) -> VLA:
+def tiny_vla(seed: int = 0, instructions: list[str] | None = None, state_dim: int = STATE_DIM, views: int = 1) -> VLA:
     """A random tiny VLA whose greedy tokens are always action tokens, with wide logit margins
-    (so batched and single-row greedy decoding agree)."""
+    (so batched and single-row greedy decoding agree); `views` 2 reads a wrist camera too."""
     torch.manual_seed(seed)
     text = TextTokenizer.train(instructions or [t.instruction for t in TASKS.values()])
     norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(state_dim), state_std=np.ones(state_dim))
-    vla = VLA(VLAConfig(text_vocab_size=text.vocab_size, state_dim=state_dim, **TINY), norm, text).eval()
+    vla = VLA(VLAConfig(text_vocab_size=text.vocab_size, state_dim=state_dim, views=views, **TINY), norm, text).eval()
     with torch.no_grad():
         w = vla.llm.lm_head.weight
         w.normal_(0.0, 3.0)

@@ -32,6 +32,7 @@ import json_numpy
 import numpy as np
 
 from heisd.errors import HeisdError
+from heisd.data.views import split_frame
 from heisd.serving.msgpack_arrays import packb, unpackb
 from heisd.serving.wire import MSGPACK, STEP_HEADER
 
@@ -91,10 +92,11 @@ class PolicyClient:
 
     def act(self, image: np.ndarray, instruction: str, *, proprio: np.ndarray | None = None,
             ee_pos: np.ndarray | None = None, episode_id: str | None = None, reset: bool = False,
-            task: str | None = None, unnorm_key: str | None = None) -> Step:
+            task: str | None = None, unnorm_key: str | None = None, wrist_image: np.ndarray | None = None) -> Step:
         fields = {"image": np.ascontiguousarray(image), "instruction": instruction, "proprio": proprio,
                   "ee_pos": None if ee_pos is None else np.asarray(ee_pos), "episode_id": episode_id,
-                  "reset": reset, "task": task, "unnorm_key": unnorm_key}
+                  "reset": reset, "task": task, "unnorm_key": unnorm_key,
+                  "wrist_image": None if wrist_image is None else np.ascontiguousarray(wrist_image)}
         fields = {k: v for k, v in fields.items() if v is not None}
         if self.encoding == "msgpack":
             response = self._send("POST", "/act", packb(fields), MSGPACK_HEADERS)
@@ -205,13 +207,14 @@ class OpenpiClient:
 
     def act(self, image: np.ndarray, instruction: str, *, proprio: np.ndarray | None = None,
             ee_pos: np.ndarray | None = None, episode_id: str | None = None, reset: bool = False,
-            task: str | None = None, unnorm_key: str | None = None) -> Step:
+            task: str | None = None, unnorm_key: str | None = None, wrist_image: np.ndarray | None = None) -> Step:
         if self._ws is None and not reset:
             raise ServerError(404, f"the connection to {self.url} closed, and its episode with it: "
                                    "send reset=True to start a new one")
         fields = {"image": np.ascontiguousarray(image), "prompt": instruction, "proprio": proprio,
                   "ee_pos": None if ee_pos is None else np.asarray(ee_pos), "reset": reset, "task": task,
-                  "unnorm_key": unnorm_key}
+                  "unnorm_key": unnorm_key,
+                  "wrist_image": None if wrist_image is None else np.ascontiguousarray(wrist_image)}
         reply = self._exchange(packb({k: v for k, v in fields.items() if v is not None}))
         timing = reply["server_timing"]
         return Step(reply["actions"].copy(), reply["heisd_step"],
@@ -296,10 +299,12 @@ def connect(url: str, **kwargs) -> PolicyClient | OpenpiClient:
 
 
 class RemotePolicy:
-    """`VLAPolicy`'s interface served by a `heisd serve`: one server episode per reset()."""
+    """`VLAPolicy`'s interface served by a `heisd serve`: one server episode per reset(). `views` 2 (the
+    server's target reads the wrist camera too): `act` takes the two cameras stacked (`heisd.data.views`)
+    and sends them apart, as `image` and `wrist_image`."""
 
-    def __init__(self, client: PolicyClient | OpenpiClient):
-        self.client = client
+    def __init__(self, client: PolicyClient | OpenpiClient, views: int = 1):
+        self.client, self.views = client, views
         self._prefix = uuid.uuid4().hex[:12]  # episode ids unique to this policy object
         self._episodes = 0
         self._episode: str | None = None
@@ -317,8 +322,9 @@ class RemotePolicy:
 
         if self._episode is None:
             raise RuntimeError("call reset(instruction) before act()")
+        image, wrist = (image, None) if self.views == 1 else split_frame(image)
         step = self.client.act(image, self.instruction, proprio=state, ee_pos=ee_path, episode_id=self._episode,
-                               reset=self._fresh, task=self.task)
+                               reset=self._fresh, task=self.task, wrist_image=wrist)
         self._fresh = False
         record = {**step.record, "choices": [CostChoice(**c) for c in step.record.get("choices", [])]}
         return step.actions, StepRecord(**record)

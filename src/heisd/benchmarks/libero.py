@@ -6,7 +6,9 @@ Observation, as in `mw`: ``{"image": uint8 (H, W, 3) upright (agentview rotated 
 (``reset(options={"init_state": i})``), then `NUM_STEPS_WAIT` dummy steps, then at most the
 suite's `MAX_STEPS` policy steps; success is the simulator's `done`.
 
-Only the agentview camera is rendered (the protocol also renders a wrist camera nobody reads). Under
+Only the agentview camera is rendered (the protocol also renders a wrist camera OpenVLA never reads), unless
+`LiberoConfig.wrist` asks for the wrist camera too: then ``obs["wrist_image"]`` is the eye-in-hand view at the
+same size, upright as agentview (small targets that read two cameras, `heisd.data.views`). Under
 the "openvla" protocol the frame is robosuite's camera observation, as OpenVLA's eval reads it
 (`obs["agentview_image"]`): robosuite samples its observables on their own clock, at a physics substep
 before the step's last, so the frame (like `robot0_eef_pos`) lags the end-of-step state a little. The
@@ -28,15 +30,17 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco
 import gymnasium as gym
 import numpy as np
 
+from heisd.benchmarks.cameras import LIBERO_CAMERA, LIBERO_WRIST_CAMERA
 from heisd.benchmarks.libero_protocol import (
     ACTION_DIM, DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, OPENVLA_IMAGE_SIZE, PROTOCOL_RENDER_SIZE, check_suite,
     openvla_gripper, openvla_image, rotate_180,
 )
 from heisd.benchmarks.libero_setup import ensure_libero
+from heisd.data.views import WRIST_KEY
 from heisd.errors import InputError, UsageError
 
 STATE_DIM = 5  # ee xyz, two gripper finger positions (LIBERO datasets' ee_pos + gripper_states)
-CAMERA = "agentview"
+CAMERA, WRIST_CAMERA = LIBERO_CAMERA, LIBERO_WRIST_CAMERA
 
 
 @dataclass(frozen=True)
@@ -46,10 +50,14 @@ class LiberoConfig:
     max_steps: int | None = None  # policy steps after the wait steps; None = the suite's protocol value
     protocol: str = "raw"  # "openvla": observed frames through `openvla_image`, gripper through `openvla_gripper`
     crop: bool = False  # openvla protocol: the 0.9-area center crop (checkpoints trained with crop augmentation)
+    wrist: bool = False  # also render the wrist camera into obs["wrist_image"] (raw protocol only)
 
     def __post_init__(self) -> None:
         if self.protocol not in ("raw", "openvla"):
             raise UsageError(f"LIBERO protocol must be 'raw' or 'openvla', got {self.protocol!r}")
+        if self.wrist and self.protocol == "openvla":
+            raise UsageError("OpenVLA's protocol shows the policy agentview only: the wrist camera is for raw-protocol "
+                             "targets")
 
 
 def libero_modules():
@@ -96,10 +104,11 @@ class LiberoEnv(gym.Env):
         self.suite, self.task, self.config = check_suite(suite), task, config
         self.max_steps = config.max_steps or MAX_STEPS[suite]
         size = OPENVLA_IMAGE_SIZE if config.protocol == "openvla" else config.image_size
-        self.observation_space = gym.spaces.Dict({
-            "image": gym.spaces.Box(0, 255, (size, size, 3), np.uint8),
-            "state": gym.spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
-        })
+        spaces = {"image": gym.spaces.Box(0, 255, (size, size, 3), np.uint8),
+                  "state": gym.spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32)}
+        if config.wrist:
+            spaces[WRIST_KEY] = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.render_mode = "rgb_array"
         # the simulator's cache key: agentview is observed by robosuite under the openvla protocol
@@ -214,12 +223,13 @@ class LiberoEnv(gym.Env):
         if sim is not None:
             sim.env.close()
 
-    def render(self) -> np.ndarray:
+    def render(self, camera: str = CAMERA) -> np.ndarray:
+        """`camera`'s frame of the current state, upright."""
         size = self.config.image_size
         # each simulator has its own GL context and robosuite renders into whichever is current
         self._env.env.sim._render_context_offscreen.gl_ctx.make_current()
         # the same call robosuite's camera observable makes; the frame is upside down (OpenGL rows)
-        frame = self._env.sim.render(camera_name=CAMERA, width=size, height=size)
+        frame = self._env.sim.render(camera_name=camera, width=size, height=size)
         return rotate_180(frame)
 
     def _observe(self, sim_obs: dict, render: bool = True) -> dict:
@@ -230,7 +240,10 @@ class LiberoEnv(gym.Env):
             image = openvla_image(rotate_180(sim_obs[f"{CAMERA}_image"]), self.config.crop)  # JPEG'd, 224 px
         else:
             image = self.render()
-        return {"image": image, "state": state}
+        obs = {"image": image, "state": state}
+        if self.config.wrist:
+            obs[WRIST_KEY] = self.render(WRIST_CAMERA) if render else None
+        return obs
 
     @staticmethod
     def _info(sim_obs: dict, success: bool) -> dict:

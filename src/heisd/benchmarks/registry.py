@@ -73,13 +73,14 @@ def default_max_steps(benchmark: str) -> int:
 
 
 def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps: int | None = None,
-             protocol: str = "raw", crop: bool = False, fast_render: bool | None = None):
+             protocol: str = "raw", crop: bool = False, fast_render: bool | None = None, wrist: bool = False):
     """One task's environment. LIBERO: agentview at `image_size`; `camera` is mw's. `max_steps`: the
     episode's steps (LIBERO: policy steps after the wait steps); None = `default_max_steps`.
     `protocol` is the target's (`TargetSpec.protocol`): "openvla" renders at the protocol's 256 px and
     applies OpenVLA's frame and gripper conventions (`crop`: its 0.9-area center crop), with shadows
     (OpenVLA saw them); "raw" (small targets, their demos and their evaluations alike) renders without
-    shadows and reflections, at CPU cost."""
+    shadows and reflections, at CPU cost. `wrist`: LIBERO also renders its wrist camera
+    (``obs["wrist_image"]``)."""
     max_steps = default_max_steps(benchmark) if max_steps is None else max_steps
     if is_libero(benchmark):
         from heisd.benchmarks.libero import PROTOCOL_RENDER_SIZE, LiberoConfig, LiberoEnv
@@ -87,7 +88,10 @@ def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps:
         size = PROTOCOL_RENDER_SIZE if protocol == "openvla" else image_size
         fast = protocol == "raw" if fast_render is None else fast_render
         return LiberoEnv(benchmark, task, LiberoConfig(image_size=size, fast_render=fast,
-                                                       max_steps=max_steps, protocol=protocol, crop=crop))
+                                                       max_steps=max_steps, protocol=protocol, crop=crop,
+                                                       wrist=wrist))
+    if wrist:
+        raise UsageError(f"{benchmark} has no wrist camera (LIBERO's suites do)")
     from heisd.benchmarks.mw import MetaWorldEnv, MWConfig
 
     return MetaWorldEnv(task, MWConfig(image_size, camera, max_steps))

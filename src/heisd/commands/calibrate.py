@@ -217,7 +217,7 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
     import torch
     from tqdm import tqdm
 
-    from heisd.benchmarks.libero_protocol import protocol_frames
+    from heisd.data.views import target_frames
     from heisd.data.dataset import DemoFile
     from heisd.kinematics import KinematicConfig, KinematicStats, fused_metric
     from heisd.retrieval.build import KINEMATIC_STATS_KEY
@@ -250,11 +250,11 @@ def _measure(target, datastore, demos, method, n_frames: int, seed: int) -> tupl
     with tqdm(total=sum(len(steps) for _, steps in picked), unit="frame", desc="calibrate") as bar:
         for e, steps in picked:
             path, name, _, _ = episodes[e]
-            with DemoFile(path) as f:
+            with DemoFile(path, views=spec.views) as f:
                 ep = f.episode(name)
             # one vision pass per frame, a few frames per batch (episodes can be long): the prefix and key
             # each mode decodes from, the greedy tokens and the prefill hidden state
-            images = protocol_frames(spec.protocol, ep.images[steps])  # row i: control step steps[i]
+            images = target_frames(spec, ep, steps)  # row i: control step steps[i]
             rolled = [rollout_frames(target, images[j : j + ENCODE_BATCH], ep.instruction,
                                      ep.state[steps[j : j + ENCODE_BATCH]])
                       for j in range(0, len(steps), ENCODE_BATCH)]

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shadows", action="store_true",
                    help="LIBERO: render shadows and reflections, as OpenVLA's protocol does; record at --image-size 256 "
                         "for an OpenVLA-architecture target (`train-vla --arch openvla`), which sees the protocol's frames")
+    p.add_argument("--wrist", action="store_true",
+                   help="LIBERO: record the wrist camera too (obs/eye_in_hand_rgb, at --image-size), for targets that "
+                        "read both cameras (`train-vla --wrist`); a second render per step, about twice the recording time")
     p.add_argument("--camera", default=DEFAULT_CAMERA, help="Meta-World camera name (LIBERO: always agentview); "
                    "corner3's arm can hide the puck at the start of push and pick-place")
     p.add_argument("--max-steps", type=int, default=300,
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         check_expert_suite(args.benchmark)  # before the suite's tasks are loaded
     tasks = resolve_tasks(args.benchmark, args.tasks)
     cfg = DemoConfig(tasks, args.episodes, args.seed, args.noise, args.image_size, args.camera, args.max_steps,
-                     args.policy, args.expert_labels, args.benchmark, shadows=args.shadows)
+                     args.policy, args.expert_labels, args.benchmark, shadows=args.shadows,
+                     wrist=args.wrist)
     executor = executor_of(args, args.workers)
     if args.measure:
         return _print_measure(measure_expert(cfg, executor=executor), cfg)

@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
             info = client.info()
         except ServerUnreachable as err:
             raise InputError(f"--server: {err}") from None
-        policy, label, identity = RemotePolicy(client), info["method"], server_identity(info, args.server)
+        policy, label, identity = (RemotePolicy(client, info["target"].get("views", 1)), info["method"],
+                                   server_identity(info, args.server))
         chunk, protocol = info["target"]["action_shape"][0], "raw"
     else:
         cfg = method_config(args)

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     policy = VLAPolicy(vla, build_decoders(MethodConfig(**info["method_config"]), vla))
     episodes = []
     for path in args.demos:
-        with DemoFile(path) as f:
+        with DemoFile(path, views=vla.spec.views) as f:  # a two-camera target's requests send both
             episodes += list(f)
     report = {"server": args.server, "method": info["method"], "target": target["path"], "demos": args.demos,
               "protocols": protocols, "torch_threads": torch.get_num_threads(),

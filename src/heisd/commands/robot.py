@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if state_dim not in (0, STATE_DIM):
         raise UsageError(f"--server's target takes a {state_dim}-value state; this loop sends the arm's {STATE_DIM} "
                          "(position m, rotation rad, gripper m)")
+    if info["target"].get("views", 1) != 1:
+        raise UsageError("--server's target reads a wrist camera beside the scene camera; this loop drives one camera")
     if args.execute > chunk:
         raise UsageError(f"--execute {args.execute} exceeds the target's action chunk ({chunk})")
     if action_dim not in (4, 7):

@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--image-size", type=int, default=64, help="vla: frames are resized to this square "
                       "(openvla: always the protocol's 224)")
     size.add_argument("--vision-channels", default="32,64,128,128", help="vla: one stride-2 stage per entry")
+    size.add_argument("--wrist", action="store_true",
+                      help="vla, LIBERO: read the wrist camera beside agentview (a CNN per camera, twice the image "
+                           "tokens); the demonstrations must hold its frames (`heisd demos --wrist`), and the target's "
+                           "evaluation and server then render or take them too")
     size.add_argument("--shift-pad", type=int, default=None,
                       help="vla: random-shift augmentation in pixels at --image-size (DrQ; default 1); it also "
                            "shifts where objects appear, so it blurs absolute positions by as much")
@@ -83,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume continues the run in --out, --overwrite replaces it: pass one of them")
     if args.shift_pad is not None and args.shift_pad < 0:
         raise UsageError(f"--shift-pad must be >= 0 pixels, got {args.shift_pad}")
+    if args.wrist and args.benchmark != "libero":
+        raise UsageError(f"--wrist reads LIBERO's wrist camera; --benchmark {args.benchmark} has none")
     torch.set_num_threads(args.threads)
     device = torch_device(args.device)
     if device.type == "cuda":
@@ -98,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"hidden_size": hidden, "n_layers": 4 if args.layers is None else args.layers,
                  "intermediate_size": 4 * hidden, "image_size": args.image_size,
                  "vision_channels": tuple(int(c) for c in args.vision_channels.split(",")),
-                 "shift_pad": 1 if args.shift_pad is None else args.shift_pad}
+                 "shift_pad": 1 if args.shift_pad is None else args.shift_pad, "views": 2 if args.wrist else 1}
     metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
                     overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
@@ -113,6 +119,9 @@ def _train_openvla(args: argparse.Namespace, cfg, device: str) -> dict:
 
     if args.benchmark != "libero":
         raise UsageError("--arch openvla trains on LIBERO demonstrations: pass --benchmark libero")
+    if args.wrist:
+        raise UsageError("--wrist is heisd's small VLA's: an OpenVLA-architecture target reads agentview alone, as "
+                         "OpenVLA does")
     if args.shift_pad is not None:
         raise UsageError("--shift-pad is heisd's small VLA's augmentation; --arch openvla trains with OpenVLA's random "
                          "crops (--crop-area)")

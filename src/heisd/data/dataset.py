@@ -7,6 +7,7 @@
         obs/ee_pos             (T, 3) float32
         obs/gripper_states     (T, G) float32
         obs/goal_pos           (T, 3) float32, optional (Meta-World's goal; LIBERO has none)
+        obs/eye_in_hand_rgb    (T, H, W, 3) uint8, optional (LIBERO's wrist camera, stored as agentview is)
 
 The same code reads our files (`data` has a `benchmark` attribute) and LIBERO's own dataset
 files and OpenVLA's regenerated no-noop files (`heisd.data.libero_files`: the task comes from
@@ -27,10 +28,12 @@ from typing import Iterator, Sequence
 import h5py
 import numpy as np
 
+from heisd.data.views import stack_views
 from heisd.errors import InputError
 
 REQUIRED_DATASETS = ("actions", "obs/agentview_rgb", "obs/ee_pos", "obs/gripper_states")
 NUMERIC_DATASETS = ("actions", "obs/ee_pos", "obs/gripper_states", "obs/goal_pos")  # must be finite
+WRIST_DATASET = "obs/eye_in_hand_rgb"  # LIBERO's name for its wrist camera's frames
 SKIP_FLAG = "--skip-invalid-episodes"  # the flag that asks to leave invalid episodes out
 
 
@@ -49,12 +52,21 @@ class Episode:
     gripper: np.ndarray  # (T, G) float32
     success: bool
     goal_pos: np.ndarray | None = None  # (T, 3) float32 when the benchmark shows the goal
+    wrist_images: np.ndarray | None = None  # (T, H, W, 3) uint8, upright: the wrist camera, when read
 
     @property
     def state(self) -> np.ndarray:
         """The state given to the VLA: end-effector xyz, gripper opening, goal xyz if recorded."""
         parts = [self.ee_pos, self.gripper] + ([self.goal_pos] if self.goal_pos is not None else [])
         return np.concatenate(parts, axis=1).astype(np.float32)
+
+    def frames(self, views: int, steps: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """The frames a target with `views` cameras reads at `steps` (`heisd.data.views`)."""
+        if views == 1:
+            return self.images[steps]
+        if self.wrist_images is None:
+            raise ValueError(f"episode {self.name} was read without its wrist frames (DemoFile(..., views=2))")
+        return stack_views(self.images[steps], self.wrist_images[steps])
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -75,8 +87,9 @@ def _heisd_layout(data: h5py.Group) -> bool:
 class DemoFile:
     """Open with ``with DemoFile(path) as f: for ep in f: ...``. Validates on open."""
 
-    def __init__(self, path: str | Path, skip_invalid: bool = False):
+    def __init__(self, path: str | Path, skip_invalid: bool = False, views: int = 1):
         self.path = Path(path)
+        self.wrist = views == 2  # episodes carry the wrist camera's frames too (a file without them is refused)
         self.skipped: dict[str, str] = {}  # episode -> why it was left out (with skip_invalid)
         if not self.path.is_file():
             raise DemoFormatError(f"{self.path}: no such demonstration file")
@@ -129,11 +142,22 @@ class DemoFile:
                     f"{self.path}: data/{name}/{key} has {group[key].shape[0]} steps, actions has {t}"
                 )
         images = group["obs/agentview_rgb"]
+        self._check_frames(name, "obs/agentview_rgb", images)
+        if self.wrist and WRIST_DATASET not in group:
+            raise DemoFormatError(f"{self.path}: data/{name} has no wrist frames ({WRIST_DATASET}), and the target "
+                                  "reads the wrist camera too: record with `heisd demos --wrist`")
+        if self.wrist:
+            wrist = group[WRIST_DATASET]
+            self._check_frames(name, WRIST_DATASET, wrist)
+            if wrist.shape != images.shape:
+                raise DemoFormatError(f"{self.path}: data/{name}/{WRIST_DATASET} has shape {wrist.shape}, "
+                                      f"obs/agentview_rgb {images.shape}: the cameras differ in frames or size")
+
+    def _check_frames(self, name: str, key: str, images) -> None:
         if images.ndim != 4 or images.shape[-1] != 3 or min(images.shape[1:3]) < 1:
-            raise DemoFormatError(f"{self.path}: data/{name}/obs/agentview_rgb has shape {images.shape}, "
-                                  "not (T, H, W, 3) RGB")
+            raise DemoFormatError(f"{self.path}: data/{name}/{key} has shape {images.shape}, not (T, H, W, 3) RGB")
         if images.dtype != np.uint8:
-            raise DemoFormatError(f"{self.path}: data/{name}/obs/agentview_rgb is {images.dtype}; heisd reads "
+            raise DemoFormatError(f"{self.path}: data/{name}/{key} is {images.dtype}; heisd reads "
                                   "uint8 RGB in 0..255 (a float image in [0, 1] would read as black): "
                                   "store (x * 255).round().astype(uint8)")
 
@@ -196,20 +220,26 @@ class DemoFile:
     def episode(self, name: str) -> Episode:
         g = self._group(name)
         try:
-            images = np.asarray(g["obs/agentview_rgb"][()], dtype=np.uint8)
+            images = self._frames(g, "obs/agentview_rgb")
             return Episode(
                 name=name,
                 task=self.libero.task if self.libero else _attr(g, "task"),
                 instruction=self.libero.instruction if self.libero else _attr(g, "instruction"),
                 actions=np.asarray(g["actions"][()], dtype=np.float32),
-                images=np.ascontiguousarray(images[:, ::-1, ::-1]) if self.libero else images,
+                images=images,
                 ee_pos=np.asarray(g["obs/ee_pos"][()], dtype=np.float32),
                 gripper=_gripper_states(g),
                 success=bool(g.attrs.get("success", True)),
                 goal_pos=np.asarray(g["obs/goal_pos"][()], dtype=np.float32) if "obs/goal_pos" in g else None,
+                wrist_images=self._frames(g, WRIST_DATASET) if self.wrist else None,
             )
         except OSError as e:  # a chunk cut off by truncation
             raise DemoFormatError(f"{self.path}: data/{name} cannot be read ({e})") from e
+
+    def _frames(self, g, key: str) -> np.ndarray:
+        """One camera's frames, upright (LIBERO's and OpenVLA's files store them upside down)."""
+        images = np.asarray(g[key][()], dtype=np.uint8)
+        return np.ascontiguousarray(images[:, ::-1, ::-1]) if self.libero else images
 
     def __iter__(self) -> Iterator[Episode]:
         for name in self._names:

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from heisd.benchmarks.libero_protocol import protocol_frames
+from heisd.data.views import target_frames
 from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.decoding.rollout import Features
 from heisd.drafter.model import CONFIG_FILE, WEIGHTS_FILE, Drafter, DrafterConfig, DrafterTarget, additive_mask
@@ -105,14 +105,14 @@ def target_features(target: Target, episodes: Sequence[EpisodeRef], idx: torch.T
     parts = []
     with tqdm(total=len(idx), desc=desc, unit="frame", dynamic_ncols=True) as bar:
         for path, group in groupby(range(len(episodes)), key=lambda e: episodes[e].path):
-            with DemoFile(path) as f:
+            with DemoFile(path, views=target.spec.views) as f:
                 for e in group:
                     steps = (idx[(idx >= starts[e]) & (idx < starts[e + 1])] - starts[e]).numpy()
                     if not len(steps):
                         continue
                     ep = f.episode(episodes[e].name)
                     for chunk in np.array_split(steps, -(-len(steps) // batch_size)):
-                        frames = protocol_frames(target.spec.protocol, ep.images[chunk])
+                        frames = target_frames(target.spec, ep, chunk)
                         out = rollout_frames(target, frames, ep.instruction, ep.state[chunk])
                         parts.append(out.features)
                         bar.update(len(chunk))

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from heisd.client import ServerError, ServerUnreachable, connect
+from heisd.data.views import stack_views
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,12 @@ class PlannedStep:
     image: np.ndarray
     state: np.ndarray
     ee_pos: np.ndarray  # env-step positions since the previous step
+    wrist: np.ndarray | None = None  # the wrist camera's frame, for a target that reads it
+
+    @property
+    def frame(self) -> np.ndarray:
+        """What the target reads in process (the server stacks the two cameras alike)."""
+        return self.image if self.wrist is None else stack_views(self.image, self.wrist)
 
 
 @dataclass
@@ -91,7 +98,8 @@ def plan(episodes: list, clients: int, requests: int, stride: int) -> list[list[
             ep = episodes[e % len(episodes)]
             for t in range(0, len(ep), stride):
                 moved = ep.ee_pos[max(t - stride + 1, 0) : t + 1]
-                steps.append(PlannedStep(t == 0, ep.instruction, ep.task, ep.images[t], ep.state[t], moved))
+                wrist = None if ep.wrist_images is None else ep.wrist_images[t]
+                steps.append(PlannedStep(t == 0, ep.instruction, ep.task, ep.images[t], ep.state[t], moved, wrist))
             e += 1
         plans.append(steps[:requests])
     return plans
@@ -105,7 +113,7 @@ def in_process(policy, plans: list[list[PlannedStep]]) -> tuple[list[list[Expect
         for s in steps:
             if s.reset:
                 policy.reset(s.instruction, s.task)
-            _, record = policy.act(s.image, s.state, s.ee_pos)
+            _, record = policy.act(s.frame, s.state, s.ee_pos)
             expected[-1].append(Expected(record.tokens, record.mode, _choices(record.choices)))
             latencies.append(record.latency_ms)
     return expected, latencies
@@ -129,7 +137,7 @@ def drive(url: str, plans: list[list[PlannedStep]], tag: str, time_limit_s: floa
             t0 = time.perf_counter()
             try:
                 step = client.act(s.image, s.instruction, proprio=s.state, ee_pos=s.ee_pos, episode_id=episode,
-                                  reset=s.reset, task=s.task)
+                                  reset=s.reset, task=s.task, wrist_image=s.wrist)
                 out.status, out.timing_ms = 200, step.timing_ms
                 out.tokens, out.mode = step.record["tokens"], step.record["mode"]
                 out.choices = _choices(step.record["choices"])
@@ -209,13 +217,13 @@ def paired(urls: dict[str, str], policy, steps: list[PlannedStep]) -> dict:
         if s.reset:
             policy.reset(s.instruction, s.task)
         t0 = time.perf_counter()
-        _, record = policy.act(s.image, s.state, s.ee_pos)
+        _, record = policy.act(s.frame, s.state, s.ee_pos)
         local.append((time.perf_counter() - t0) * 1e3)
         expected.append(Expected(record.tokens, record.mode, _choices(record.choices)))
         for name in names if i % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
             step = clients[name].act(s.image, s.instruction, proprio=s.state, ee_pos=s.ee_pos,
-                                     episode_id=f"paired-{name}", reset=s.reset, task=s.task)
+                                     episode_id=f"paired-{name}", reset=s.reset, task=s.task, wrist_image=s.wrist)
             g = got[name]
             g["rtt"].append((time.perf_counter() - t0) * 1e3)
             g["step"].append(step.timing_ms["step"])

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from heisd.benchmarks.libero_protocol import protocol_frames
+from heisd.data.views import target_frames
 from heisd.data.dataset import DemoFile, DemoFormatError
 from heisd.errors import InputError
 from heisd.executors import LocalExecutor
@@ -215,7 +215,7 @@ class EpisodeEncoder:
 
     def file(self, path: str) -> DemoFile:
         if path not in self.files:
-            self.files[path] = DemoFile(path, self.skip_invalid)
+            self.files[path] = DemoFile(path, self.skip_invalid, self.target.spec.views)
         return self.files[path]
 
     def __enter__(self) -> EpisodeEncoder:
@@ -244,7 +244,7 @@ def encode_episode(encoder: EpisodeEncoder, job: tuple[int, str, str, bool]) -> 
     parts = [
         encode_frames(
             target,
-            protocol_frames(target.spec.protocol, ep.images[lo : lo + batch]),
+            target_frames(target.spec, ep, slice(lo, lo + batch)),
             ep.instruction,
             ep.state[lo : lo + batch],
         )

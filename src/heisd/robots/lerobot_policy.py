@@ -4,7 +4,9 @@
 
 The batch is LeRobot's layout, as `lerobot.envs.utils.preprocess_observation` makes it plus the
 task string: "observation.images.<cam>" (or "observation.image"): float [B, 3, H, W] in [0, 1]
-(uint8 [B, H, W, 3] is taken too); "observation.state": float [B, S]; "task": B instructions.
+(uint8 [B, H, W, 3] is taken too); "observation.state": float [B, S]; "task": B instructions. A
+target that reads a wrist camera too (`train-vla --wrist`) takes it from `wrist_key` (LeRobot's
+LIBERO datasets: "observation.images.wrist_image").
 Feed it the environment's observation, not one normalized by a policy preprocessor: the target
 normalizes its own inputs, and its actions come back in the environment's units.
 
@@ -27,6 +29,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from heisd.data.views import stack_views
+
 IMAGE_PREFIX = "observation.images."
 SINGLE_IMAGE = "observation.image"
 
@@ -35,6 +39,7 @@ SINGLE_IMAGE = "observation.image"
 class LeRobotAdapterConfig:
     # the camera to show the target; None: "observation.image", else the first camera by name
     image_key: str | None = None
+    wrist_key: str | None = None  # the wrist camera, for a target that reads it (and only then)
     state_key: str = "observation.state"  # the robot state ("proprio" of a target that takes one)
     # where the end-effector position sits in the state (LeRobot's LIBERO and heisd's mw: the first
     # three values); None: the state holds none, the kinematic switch sees no motion
@@ -64,13 +69,18 @@ class HeiSDPolicy:
     name = "heisd"
 
     def __init__(self, make_policy: Callable[[], object], state_dim: int, chunk: int,
-                 config: LeRobotAdapterConfig | None = None, task_of: dict[str, str] | None = None):
+                 config: LeRobotAdapterConfig | None = None, task_of: dict[str, str] | None = None,
+                 views: int = 1):
         """`make_policy()`: a fresh per-episode policy (called once per batch row); `state_dim`: the
         state values the target takes (0: none); `chunk`: actions per inference; `task_of`:
-        instruction -> benchmark task name (the datastore collection; a server finds it itself)."""
+        instruction -> benchmark task name (the datastore collection; a server finds it itself);
+        `views`: the cameras the target reads (2: `config.wrist_key` names the wrist camera)."""
         self.make_policy, self.state_dim, self.chunk = make_policy, state_dim, chunk
         self.task_of = task_of or {}
         self.config = config or LeRobotAdapterConfig()
+        if (views == 2) != (self.config.wrist_key is not None):
+            raise ValueError("the target reads the wrist camera too: give wrist_key, the batch's wrist camera"
+                             if views == 2 else "wrist_key names a wrist camera, and the target reads one camera")
         if self.config.n_action_steps is not None and self.config.n_action_steps > chunk:
             raise ValueError(f"n_action_steps {self.config.n_action_steps} exceeds the target's chunk of {chunk}")
         self._rows: list[_Row] = []
@@ -88,7 +98,7 @@ class HeiSDPolicy:
         tasks = {} if benchmark is None else task_instructions(benchmark)
         pool = PolicyPool(target, method)
         return cls(pool.make, target.spec.state_dim, target.spec.chunk, config,
-                   {instruction: task for task, instruction in tasks.items()})
+                   {instruction: task for task, instruction in tasks.items()}, target.spec.views)
 
     @classmethod
     def from_server(cls, url: str, config: LeRobotAdapterConfig | None = None, **client_kwargs) -> HeiSDPolicy:
@@ -100,8 +110,9 @@ class HeiSDPolicy:
             info = probe.info()
         finally:
             probe.close()
-        chunk = info["target"]["action_shape"][0]
-        return cls(lambda: RemotePolicy(connect(url, **client_kwargs)), info["target"]["state_dim"], chunk, config)
+        chunk, views = info["target"]["action_shape"][0], info["target"].get("views", 1)
+        return cls(lambda: RemotePolicy(connect(url, **client_kwargs), views), info["target"]["state_dim"], chunk,
+                   config, views=views)
 
     def reset(self) -> None:
         """A new episode on every row (LeRobot calls this before each rollout); episodes still
@@ -162,10 +173,14 @@ class HeiSDPolicy:
 
     def _inputs(self, batch: dict) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(uint8 images [B, H, W, 3], float32 states [B, S], instructions) from LeRobot's batch."""
-        key = self.config.image_key or _camera(batch)
+        key = self.config.image_key or _camera(batch, self.config.wrist_key)
         if key not in batch:
             raise KeyError(f"the batch has no {key!r}; its keys: {sorted(batch)}")
         image = _uint8_hwc(batch[key], key)
+        if self.config.wrist_key is not None:
+            if self.config.wrist_key not in batch:
+                raise KeyError(f"the batch has no {self.config.wrist_key!r} (wrist_key); its keys: {sorted(batch)}")
+            image = stack_views(image, _uint8_hwc(batch[self.config.wrist_key], self.config.wrist_key))
         tasks = batch.get("task")
         if isinstance(tasks, str):
             tasks = [tasks] * len(image)
@@ -185,10 +200,10 @@ class HeiSDPolicy:
         return image, state, list(tasks)
 
 
-def _camera(batch: dict) -> str:
+def _camera(batch: dict, wrist_key: str | None) -> str:
     if SINGLE_IMAGE in batch:
         return SINGLE_IMAGE
-    cameras = sorted(k for k in batch if k.startswith(IMAGE_PREFIX))
+    cameras = sorted(k for k in batch if k.startswith(IMAGE_PREFIX) and k != wrist_key)
     if not cameras:
         raise KeyError(f"the batch has no image ({SINGLE_IMAGE!r} or {IMAGE_PREFIX}<camera>); its keys: {sorted(batch)}")
     return cameras[0]

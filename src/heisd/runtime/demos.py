@@ -84,7 +84,7 @@ def measure_expert(cfg: DemoConfig, progress: bool = True, executor=None) -> dic
     from heisd.benchmarks.registry import resolve_tasks
 
     resolve_tasks(cfg.benchmark, cfg.tasks)
-    cfg = replace(cfg, render=False)
+    cfg = replace(cfg, render=False, wrist=False)
     jobs = jobs_of(cfg)
     table = {t: {"episodes": 0, "successes": 0, "steps": 0} for t in cfg.tasks}
     results = (executor or LocalExecutor()).map(episode_work, jobs)

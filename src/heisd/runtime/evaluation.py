@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from heisd.benchmarks.cameras import DEFAULT_CAMERA
+from heisd.data.views import observed_frame
 from heisd.errors import ConfigError, InputError
 from heisd.runtime import run_thresholds
 from heisd.runtime.metrics import episode_steps, summarize
@@ -193,7 +194,7 @@ def play_episode(worker: EpisodeWorker, k: int, task: str, i: int) -> dict:
             log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / MUJOCO_LOG
         with mujoco_log(log_path, f"{task} episode {i}"):
             env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps, cfg.protocol,
-                           cfg.center_crop)
+                           cfg.center_crop, wrist=policy.views == 2)
             try:
                 options = reset_options(cfg.benchmark, layout_seed, i, cfg.sampled_layouts)
                 line = run_episode(env, policy, options, cfg.execute)
@@ -254,8 +255,9 @@ def run_episode(env, policy: VLAPolicy, options: dict, execute: int = 0) -> dict
     policy.reset(env.instruction, env.task)
     records, ee_path, executed, success, truncated, env_steps = [], [], [], False, False, 0
     moved = [info["ee_pos"]]  # positions since the last inference: the kinematic window's steps
+    views = policy.views
     while not (success or truncated):
-        actions, record = policy.act(obs["image"], obs["state"], moved)
+        actions, record = policy.act(observed_frame(obs, views), obs["state"], moved)
         records.append(record)
         ee_path.append([round(float(x), 5) for x in info["ee_pos"]])
         moved, todo = [], actions[: execute or len(actions)]

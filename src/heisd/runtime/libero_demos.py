@@ -6,6 +6,7 @@
       demo_<i>/            attrs: num_samples, layout (the start state), success
         actions            (T, 7) float32, the expert's clean labels (DART noise is not in them)
         obs/agentview_rgb  (T, H, W, 3) uint8, upside down as rendered (readers rotate it 180 degrees)
+        obs/eye_in_hand_rgb  the wrist camera's frames, stored alike (recorded with `DemoConfig.wrist`)
         obs/ee_pos         (T, 3), obs/gripper_states (T, 2)
         states             (T, S) float64 simulator states, rewards and dones (T,) uint8 (1 at a success)
 
@@ -24,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from heisd import __version__
+from heisd.benchmarks.cameras import LIBERO_CAMERA, LIBERO_WRIST_CAMERA
 from heisd.benchmarks.libero_protocol import rotate_180
+from heisd.data.dataset import WRIST_DATASET
 from heisd.data.libero_files import DEMO_SUFFIX
 from heisd.executors import LocalExecutor
 from heisd.runtime.episode_store import episode_store, jobs_of
@@ -84,7 +87,8 @@ def _file_attrs(data, ep: dict, cfg: DemoConfig) -> None:
     # "type" 1: robomimic's robosuite env type, as LIBERO writes it
     data.attrs["env_args"] = json.dumps({"type": 1, "env_name": info["problem_name"],
                                          "problem_name": info["problem_name"], "bddl_file": ep["bddl_file"],
-                                         "env_kwargs": {"controller": "OSC_POSE", "camera_names": ["agentview"],
+                                         "env_kwargs": {"controller": "OSC_POSE",
+                                                        "camera_names": [LIBERO_CAMERA] + [LIBERO_WRIST_CAMERA] * cfg.wrist,
                                                         "camera_heights": cfg.image_size,
                                                         "camera_widths": cfg.image_size},
                                          "heisd_demos": asdict(cfg)})
@@ -101,9 +105,11 @@ def _write_episode(data, index: int, ep: dict) -> int:
     g.attrs["layout"] = ep["layout"]
     g.attrs["success"] = bool(ep["success"])  # heisd's reader defaults to True: LIBERO's files hold successes only
     g.create_dataset("actions", data=ep["actions"])
-    frames = np.stack([rotate_180(f) for f in ep["images"]])
-    h, w = frames.shape[1:3]
-    g.create_dataset("obs/agentview_rgb", data=frames, compression="lzf", chunks=(1, h, w, 3))
+    for key, name in (("images", "obs/agentview_rgb"), ("wrist_images", WRIST_DATASET)):
+        if key in ep:
+            frames = np.stack([rotate_180(f) for f in ep[key]])
+            h, w = frames.shape[1:3]
+            g.create_dataset(name, data=frames, compression="lzf", chunks=(1, h, w, 3))
     g.create_dataset("obs/ee_pos", data=ep["ee_pos"])
     g.create_dataset("obs/gripper_states", data=ep["gripper"])
     g.create_dataset("states", data=ep["states"])

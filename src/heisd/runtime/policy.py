@@ -67,6 +67,11 @@ class VLAPolicy:
     _step: int = field(default=0, repr=False)  # control steps of this episode so far (names a failing one)
     _emitted: np.ndarray | None = field(default=None, repr=False)  # the last step's actions [chunk, action_dim]
 
+    @property
+    def views(self) -> int:
+        """The cameras `act` reads, stacked in one frame (`heisd.data.views`)."""
+        return self.target.spec.views
+
     def reset(self, instruction: str, task: str | None = None) -> None:
         """New episode: encode the prompt once, forget per-episode decoder state."""
         self.instruction, self.task = instruction, task

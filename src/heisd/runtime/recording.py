@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from heisd.benchmarks.cameras import DEFAULT_CAMERA
+from heisd.data.views import WRIST_KEY, observed_frame
 from heisd.storage import OutputKind
 from heisd.storage.guard import hdf5_with_attr
 
@@ -36,6 +37,7 @@ class DemoConfig:
     benchmark: str = "mw"  # mw or a LIBERO suite with experts (heisd.benchmarks.libero_experts)
     render: bool = True  # False: no frames (measuring the expert, `measure_expert`); nothing to write
     shadows: bool = False  # LIBERO: render shadows and reflections as OpenVLA's protocol does (its targets saw them)
+    wrist: bool = False  # LIBERO: record the wrist camera too (targets that read both cameras)
 
     def __post_init__(self) -> None:
         from heisd.errors import UsageError
@@ -48,6 +50,9 @@ class DemoConfig:
             raise UsageError("the target reads frames: its rollouts are always rendered")
         if self.shadows and self.benchmark == "mw":
             raise UsageError("--shadows is a LIBERO setting (Meta-World frames are always rendered alike)")
+        if self.wrist and (self.benchmark == "mw" or self.shadows or not self.render):
+            raise UsageError("--wrist records LIBERO's wrist camera for small targets: not on mw, with --shadows "
+                             "(OpenVLA reads agentview only) or without rendering")
         if self.benchmark != "mw":
             from heisd.benchmarks.libero_experts import check_expert_suite
 
@@ -104,8 +109,9 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     libero = is_libero(cfg.benchmark)
     policy = None if cfg.source == "expert" else _target_policy(cfg.policy, cfg.benchmark, cfg.image_size,
                                                                   cfg.shadows)
+    views = 1 if policy is None else policy.views
     env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, None if libero else cfg.max_steps,
-                   fast_render=not cfg.shadows)
+                   fast_render=not cfg.shadows, wrist=cfg.wrist or views == 2)
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})
@@ -115,10 +121,11 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     else:
         policy.reset(env.instruction, task)
         seen, executed = _protocol_io(policy.target.spec.protocol)
-        act = lambda obs, info: [executed(a) for a in policy.act(seen(obs["image"]), obs["state"])[0]]  # noqa: E731
+        act = lambda obs, info: [executed(a) for a in policy.act(seen(observed_frame(obs, views)), obs["state"])[0]]  # noqa: E731
     # state: ee xyz, then mw's gripper opening and goal xyz, or LIBERO's two finger positions
     frames = {"actions": [], "images": [], "ee_pos": [], "gripper": []}
     frames.update({"states": []} if libero else {"goal_pos": []})
+    frames.update({"wrist_images": []} if cfg.wrist else {})
     success, truncated, todo = False, False, []
     while not (success or truncated):
         if not todo:
@@ -127,6 +134,8 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
         frames["actions"].append(label(info) if cfg.expert_labels else action)
         if cfg.render:
             frames["images"].append(obs["image"])
+        if cfg.wrist:
+            frames["wrist_images"].append(obs[WRIST_KEY])
         frames["ee_pos"].append(obs["state"][:3])
         if libero:
             frames["gripper"].append(obs["state"][3:5])

@@ -59,14 +59,14 @@ def replay_frames(paths: list[str | Path], frames: int, stride: int):
 def replay_episode(policies: tuple[VLAPolicy, VLAPolicy], job: tuple[str, str, tuple[int, ...]]) -> list[tuple]:
     """Decode one episode's frames with the method and with AR (`policies`); per frame: (the
     method's step record, AR's latency, the method's tokens, AR's)."""
-    from heisd.benchmarks.libero_protocol import protocol_frames
     from heisd.data.dataset import DemoFile
+    from heisd.data.views import target_frames
 
     policy, reference = policies
     path, name, ts = job
-    with DemoFile(path) as f:
+    with DemoFile(path, views=policy.target.spec.views) as f:
         ep = f.episode(name)
-    images = protocol_frames(policy.target.spec.protocol, ep.images)  # as the closed loop shows them
+    images = target_frames(policy.target.spec, ep)  # as the closed loop shows them
     policy.reset(ep.instruction, ep.task)
     reference.reset(ep.instruction, ep.task)
     stride = policy.target.spec.chunk

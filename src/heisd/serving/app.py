@@ -1,7 +1,8 @@
 """The HTTP face of a `PolicyService` (FastAPI on uvicorn).
 
     POST /act      deploy.py-compatible: json-numpy `image` + `instruction` (+ `unnorm_key`), or
-                   {"encoded": ...}; HeiSD fields `episode_id`, `reset`, `proprio`, `ee_pos`, `task`.
+                   {"encoded": ...}; HeiSD fields `episode_id`, `reset`, `proprio`, `ee_pos`, `task`,
+                   `wrist_image` (the wrist camera, for a target that reads it: /info's target "views" 2).
                    Reply: the action array [chunk, action_dim] as json-numpy (encoded like the request);
                    header `X-HeiSD-Step`: the step record as JSON; `Server-Timing`: queue / step / total ms.
                    The same fields as msgpack (Content-Type: application/msgpack) get a msgpack reply

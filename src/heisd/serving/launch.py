@@ -39,7 +39,7 @@ def make_service(target, method, config: ServeConfig, target_path: str,
     decoders = pool.first.decoders
     ee_source = None if decoders.switch is None else (
         "ee_pos or state" if decoders.delta_scale is None else "ee_pos, state or integrated actions")
-    facts = TargetFacts(target.spec.state_dim, keys, tasks, codecs, ee_source=ee_source)
+    facts = TargetFacts(target.spec.state_dim, keys, tasks, codecs, ee_source=ee_source, views=target.spec.views)
     service = PolicyService(pool.make, facts, config)
     return service, {**_info(target, method, pool.first, facts, config, target_path, benchmark), "warmup": warmup}
 
@@ -85,7 +85,8 @@ def _info(target, method, policy, facts: TargetFacts, config: ServeConfig, targe
     return {
         "target": {"path": target_path, "fingerprint": target.fingerprint(),
                    "action_shape": [target.spec.chunk, target.spec.action_dim], "state_dim": facts.state_dim,
-                   "torch_threads": torch.get_num_threads(), "protocol": target.spec.protocol},
+                   "torch_threads": torch.get_num_threads(), "protocol": target.spec.protocol,
+                   "views": target.spec.views},
         "benchmark": benchmark,
         "method": method.label,
         "method_config": asdict(method),

@@ -5,8 +5,9 @@ openpi clients (`openpi_client.WebsocketClientPolicy.infer(obs)`) send one dict 
 
     image        "image", "observation/image", "observation/exterior_image_1_left", or "images"
                  (a dict of cameras: "cam_high", else its first); uint8 [H, W, 3], or [3, H, W] as
-                 openpi's ALOHA clients send (transposed). Other cameras (wrist) are not used: a
-                 heisd target sees one camera.
+                 openpi's ALOHA clients send (transposed)
+    wrist image  "wrist_image" or "observation/wrist_image" (openpi's LIBERO example's key), as the
+                 image: read by a target of two cameras (`train-vla --wrist`), ignored by others
     instruction  "prompt" (openpi's name), or "instruction"
     proprio      "proprio", "state" or "observation/state", when the target takes a state; ignored
                  when it takes none (openpi clients send a state whatever the policy)
@@ -38,6 +39,7 @@ from heisd.serving.wire import (MAX_ID_CHARS, MAX_INSTRUCTION_CHARS, ActRequest,
 from heisd.serving.worker import Done
 
 IMAGE_KEYS = ("image", "observation/image", "observation/exterior_image_1_left")
+WRIST_KEYS = ("wrist_image", "observation/wrist_image")
 CAMERA_KEY = "images"  # openpi's ALOHA layout: {"cam_high": ..., "cam_left_wrist": ...}
 MAIN_CAMERA = "cam_high"
 PROMPT_KEYS = ("prompt", "instruction")
@@ -65,6 +67,8 @@ def parse_observation(obs: object, limits: WireLimits, takes_state: bool, episod
         return Observation(None, False, end=True, success=None if success is None else bool(success))
     image, image_key = _image(obs)
     image = check_image(image, limits, image_key)
+    wrist_key = _first(obs, WRIST_KEYS)
+    wrist = None if wrist_key is None else check_image(_hwc(obs[wrist_key], wrist_key), limits, wrist_key)
     key = _first(obs, PROMPT_KEYS)
     if key is None:
         raise WireError(422, f"prompt: missing (the instruction, as {' or '.join(PROMPT_KEYS)})")
@@ -78,7 +82,7 @@ def parse_observation(obs: object, limits: WireLimits, takes_state: bool, episod
     request = ActRequest(
         image=image, instruction=instruction, unnorm_key=string_field(obs, "unnorm_key", MAX_ID_CHARS),
         episode_id=episode_id, reset=False, proprio=proprio, ee_pos=ee_pos,
-        task=string_field(obs, "task", MAX_ID_CHARS), encoded=False,
+        task=string_field(obs, "task", MAX_ID_CHARS), encoded=False, wrist_image=wrist,
     )
     return Observation(request, _flag(obs, "reset"))
 

@@ -30,6 +30,7 @@ class TargetFacts:
     # what the kinematic switch reads: None (no switch), "ee_pos or state" (a request must send one),
     # "ee_pos, state or integrated actions" (without either, the emitted actions are integrated)
     ee_source: str | None = None
+    views: int = 1  # cameras the target reads: 2 = a request's image and wrist_image (`ActRequest.frame`)
 
     def __post_init__(self) -> None:
         if not self.unnorm_keys or set(self.codecs) != set(self.unnorm_keys[1:]):  # no key may fall back silently
@@ -94,14 +95,14 @@ class PolicyService:
             policy = self.sessions.borrow()
             try:
                 policy.reset(req.instruction, task)
-                return policy.act(req.image, state, req.ee_pos)
+                return policy.act(req.frame(self.facts.views), state, req.ee_pos)
             finally:
                 self.sessions.give_back(policy)
         if req.reset:
             session = self.sessions.start(req.episode_id, req.instruction, task)
         else:
             session = self.sessions.get(req.episode_id, req.instruction)
-        out = session.policy.act(req.image, state, req.ee_pos)
+        out = session.policy.act(req.frame(self.facts.views), state, req.ee_pos)
         session.steps += 1
         return out
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import json_numpy
 import numpy as np
 
+from heisd.data.views import WRIST_KEY, stack_views
+
 STEP_HEADER = "X-HeiSD-Step"  # response header: the step record as JSON (the body stays deploy.py's array)
 MSGPACK = "application/msgpack"  # the binary request and reply encoding
 MAX_ID_CHARS = 128  # episode_id / task / unnorm_key length
@@ -52,6 +54,19 @@ class ActRequest:
     task: str | None  # benchmark task name (selects the datastore collection); None: found from the instruction
     encoded: bool  # the request came as {"encoded": ...}: the reply goes back the same way
     binary: bool = False  # the request came as msgpack: so does the reply (actions and step record)
+    wrist_image: np.ndarray | None = None  # uint8 [H, W, 3], the wrist camera (a two-camera target needs it)
+
+    def frame(self, views: int) -> np.ndarray:
+        """What a target with `views` cameras reads: the image, or the image above the wrist image."""
+        if views == 1:
+            return self.image
+        if self.wrist_image is None:
+            raise WireError(422, "wrist_image: missing; this server's target reads the wrist camera beside the "
+                                 "image (send both, the same size)")
+        if self.wrist_image.shape != self.image.shape:
+            raise WireError(422, f"wrist_image: shape {list(self.wrist_image.shape)}, the image's is "
+                                 f"{list(self.image.shape)}: the target reads both cameras at one size")
+        return stack_views(self.image, self.wrist_image)
 
 
 def parse_act(body: bytes, limits: WireLimits, content_type: str | None = None) -> ActRequest:
@@ -82,6 +97,7 @@ def _act_fields(payload: dict, limits: WireLimits, array_of, encoded: bool, bina
     """The request's fields, whichever encoding carried them; `array_of(payload, name, required)`
     gets one array field (a copy: torch wants writable buffers) or None."""
     image = check_image(array_of(payload, "image", required=True), limits)
+    wrist = array_of(payload, WRIST_KEY)
     instruction = check_instruction(string_field(payload, "instruction", MAX_INSTRUCTION_CHARS, required=True))
     reset = payload.get("reset", False)
     if not isinstance(reset, bool):
@@ -99,6 +115,7 @@ def _act_fields(payload: dict, limits: WireLimits, array_of, encoded: bool, bina
         episode_id=episode_id, reset=reset, proprio=floats["proprio"],
         ee_pos=None if ee_pos is None else check_ee_pos(ee_pos, limits),
         task=string_field(payload, "task", MAX_ID_CHARS), encoded=encoded, binary=binary,
+        wrist_image=None if wrist is None else check_image(wrist, limits, WRIST_KEY),
     )
 
 

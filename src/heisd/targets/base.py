@@ -34,6 +34,7 @@ class TargetSpec:
     # how the target's actions and frames meet a simulator: "raw" (as recorded: our small VLA) or
     # "openvla" (OpenVLA's LIBERO protocol: JPEG'd 224 px frames in, gripper in [0, 1] out)
     protocol: str = "raw"
+    views: int = 1  # cameras read, stacked in one frame (`heisd.data.views`): 2 = agentview and the wrist camera
 
     def state_input(self, states: np.ndarray | torch.Tensor) -> torch.Tensor | None:
         """Recorded robot states [B, S] as the target takes them: float32, or None for a target

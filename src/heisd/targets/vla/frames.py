@@ -18,7 +18,7 @@ import torch
 from heisd.data.dataset import DemoFile, DemoFormatError, Episode
 from heisd.targets.vla.action_tokenizer import ActionTokenizer
 from heisd.targets.vla.text_tokenizer import TextTokenizer
-from heisd.targets.vla.vision import resize_images
+from heisd.targets.vla.vision import resize_views
 
 
 @dataclass
@@ -60,8 +60,9 @@ class EpisodeRecord:
 
 
 def read_episodes(paths: Sequence[str | Path], image_size: int, benchmark: str | None = None,
-                  skip_invalid: bool = False) -> tuple[list[EpisodeRecord], int, int]:
-    """Successful episodes of all files (resized to image_size), how many failed ones were dropped,
+                  skip_invalid: bool = False, views: int = 1) -> tuple[list[EpisodeRecord], int, int]:
+    """Successful episodes of all files (each of the `views` cameras resized to image_size, stacked as
+    the target reads them: `heisd.data.views`), how many failed ones were dropped,
     and how many invalid ones `skip_invalid` left out (else an invalid episode is an error).
 
     Failed demonstrations are dropped: behaviour cloning would imitate the failure. DAgger files
@@ -69,7 +70,7 @@ def read_episodes(paths: Sequence[str | Path], image_size: int, benchmark: str |
     """
     records, dropped, invalid = [], 0, 0
     for path in paths:
-        with DemoFile(path, skip_invalid) as f:
+        with DemoFile(path, skip_invalid, views) as f:
             if f.skipped:
                 invalid += len(f.skipped)
                 print(f"{path}: left out {len(f.skipped)} invalid episodes: "
@@ -82,14 +83,14 @@ def read_episodes(paths: Sequence[str | Path], image_size: int, benchmark: str |
                 if not ep.success and not keep_failed:
                     dropped += 1
                     continue
-                records.append(_record(f"{Path(path).name}:{ep.name}", ep, image_size))
+                records.append(_record(f"{Path(path).name}:{ep.name}", ep, image_size, views))
     if not records:
         raise DemoFormatError(f"no successful episodes in {[str(p) for p in paths]}")
     return records, dropped, invalid
 
 
-def _record(name: str, ep: Episode, image_size: int) -> EpisodeRecord:
-    images = resize_images(torch.from_numpy(ep.images), image_size).numpy()
+def _record(name: str, ep: Episode, image_size: int, views: int) -> EpisodeRecord:
+    images = resize_views(torch.from_numpy(ep.frames(views)), image_size, views).numpy()
     return EpisodeRecord(name, ep.task, ep.instruction, images, ep.state, ep.actions)
 
 

@@ -1,10 +1,12 @@
 """The target VLA: CoordConv CNN -> projector -> Llama, with OpenVLA's token conventions.
 
 Prefix fed to the LLM as `inputs_embeds`:
-    [image tokens (grid x grid) | one proprioception token | prompt tokens]
+    [image tokens (grid x grid per camera) | one proprioception token | prompt tokens]
 then `chunk * action_dim` action tokens are decoded (Meta-World: 2 actions x 4 dims = 8).
 The proprioception token is a linear projection of the normalized robot state (end-effector
-xyz + gripper opening), as OpenVLA-OFT and LeRobot policies feed state to the backbone.
+xyz + gripper opening), as OpenVLA-OFT and LeRobot policies feed state to the backbone. A two-camera
+target (`views` 2: LIBERO's agentview and wrist camera, stacked in one frame, `heisd.data.views`) has
+a CNN per camera, as robomimic's policies do: the two views share nothing but the projector.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from heisd.cuda_graphs import GraphedCall, require_cuda
 from heisd.targets.base import TargetSpec, TeacherForced
 from heisd.targets.vla.action_tokenizer import ActionTokenizer
 from heisd.targets.vla.text_tokenizer import TextTokenizer
-from heisd.targets.vla.vision import VisionEncoder
+from heisd.data.views import VIEWS
+from heisd.targets.vla.vision import VisionEncoder, split_views
 
 
 @dataclass
@@ -44,6 +47,7 @@ class VLAConfig:
     max_positions: int = 128  # longest sequence (prefix + action tokens)
     rope_theta: float = 10000.0  # RoPE base
     vocab_multiple: int = 64  # embedding rows padded to a multiple (OpenVLA: 32000 -> 32064); pad ids are never actions
+    views: int = 1  # cameras read: 1 = agentview (mw: its camera), 2 = agentview and LIBERO's wrist camera
 
     @property
     def vocab_size(self) -> int:
@@ -62,6 +66,10 @@ class VLAConfig:
     @property
     def image_grid(self) -> int:
         return self.image_size // 2 ** len(self.vision_channels)
+
+    @property
+    def n_image_tokens(self) -> int:
+        return self.views * self.image_grid ** 2
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -83,6 +91,8 @@ class VLAConfig:
     def validate(self) -> None:
         if self.image_size % 2 ** len(self.vision_channels) or self.image_grid < 1:
             raise ValueError(f"image_size {self.image_size} not divisible by 2**{len(self.vision_channels)}")
+        if self.views not in VIEWS:
+            raise ValueError(f"views must be one of {VIEWS} (agentview, and the wrist camera), got {self.views}")
         if self.hidden_size % self.n_heads:
             raise ValueError(f"hidden_size {self.hidden_size} not divisible by n_heads {self.n_heads}")
 
@@ -126,6 +136,9 @@ class VLA(nn.Module):
         self.action_tokenizer = ActionTokenizer(config.vocab_size, norm_stats.q01, norm_stats.q99, config.n_bins)
         d = config.hidden_size
         self.vision = VisionEncoder(config.vision_channels, config.image_size, config.shift_pad)
+        # the wrist camera's own CNN (None for agentview alone, which keeps older checkpoints' keys)
+        self.wrist_vision = (VisionEncoder(config.vision_channels, config.image_size, config.shift_pad)
+                             if config.views == 2 else None)
         # OpenVLA-style MLP projector from vision features to the LLM width
         self.projector = nn.Sequential(nn.Linear(self.vision.out_dim, d), nn.GELU(), nn.Linear(d, d))
         self.state_proj = nn.Linear(config.state_dim, d)
@@ -148,19 +161,31 @@ class VLA(nn.Module):
         c = self.config
         return TargetSpec(n_action_tokens=c.n_action_tokens, action_dim=c.action_dim, chunk=c.chunk,
                           vocab_size=c.vocab_size, n_bins=c.n_bins, hidden_size=c.hidden_size,
-                          image_size=c.image_size, state_dim=c.state_dim, pad_id=self.text_tokenizer.pad_id)
+                          image_size=c.image_size, state_dim=c.state_dim, pad_id=self.text_tokenizer.pad_id,
+                          views=c.views)
 
     # ----- prefix -----
     def use_cuda_graphs(self) -> None:
         """Replay the vision CNN as a CUDA graph per frame batch shape (inference); the graphs already
         captured are kept (each policy of a server asks again)."""
         require_cuda(self.vision.coords.device, "the target")
-        if self.vision.graphed is None:
-            self.vision.graphed = GraphedCall(self.vision.net)
+        for encoder in self._encoders():
+            if encoder.graphed is None:
+                encoder.graphed = GraphedCall(encoder.net)
+
+    def _encoders(self) -> list[VisionEncoder]:
+        return [self.vision] if self.wrist_vision is None else [self.vision, self.wrist_vision]
+
+    def feature_maps(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """uint8 [B, V*H, W, 3] (V = `views` cameras stacked) -> V feature maps [B, C, grid, grid]."""
+        return [enc.feature_map(v) for enc, v in zip(self._encoders(), split_views(images, self.config.views))]
+
+    def _image_tokens(self, fmaps: list[torch.Tensor]) -> torch.Tensor:
+        return self.projector(torch.cat([f.flatten(2).transpose(1, 2) for f in fmaps], dim=1))
 
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 [B, H, W, 3] -> [B, grid*grid, d]."""
-        return self.projector(self.vision(images))
+        """uint8 [B, V*H, W, 3] -> [B, V*grid*grid, d]."""
+        return self._image_tokens(self.feature_maps(images))
 
     def state_token(self, state: torch.Tensor) -> torch.Tensor:
         """float [B, state_dim] (raw: ee xyz, gripper opening, goal xyz on mw) -> [B, 1, d]."""
@@ -185,15 +210,16 @@ class VLA(nn.Module):
         return torch.cat([self.image_tokens(images), state_token, prompt], dim=1)
 
     def retrieval_key(self, images: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-        """uint8 [B, H, W, 3] + state [B, state_dim] -> [B, 4*C + state_dim], the retrieval key."""
-        return self._key(self.vision.feature_map(images), self._state(state, len(images)))
+        """uint8 [B, V*H, W, 3] + state [B, state_dim] -> [B, V*4*C + state_dim], the retrieval key."""
+        return self._key(self.feature_maps(images), self._state(state, len(images)))
 
-    def _key(self, fmap: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def _key(self, fmaps: list[torch.Tensor], state: torch.Tensor) -> torch.Tensor:
         # The CNN features pooled on a 2x2 grid (where the object sits separates otherwise
         # similar frames), at unit norm, beside the normalized state at about unit norm: a
         # neighbour must also agree on where the arm and the goal are. On held-out frames the
         # top-1 draft passed the group check 0.76 of the time with this key, 0.60 with vision alone.
-        vision = nn.functional.normalize(nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1), dim=1)
+        pooled = torch.cat([nn.functional.adaptive_avg_pool2d(f, 2).flatten(1) for f in fmaps], dim=1)
+        vision = nn.functional.normalize(pooled, dim=1)
         state = self._normalized_state(state) / self.config.state_dim ** 0.5
         return torch.cat([vision.float(), state], dim=1)
 
@@ -203,11 +229,10 @@ class VLA(nn.Module):
 
         Same values as `prefix_embeds` and `retrieval_key`, without running the CNN twice.
         """
-        fmap, state = self.vision.feature_map(images), self._state(state, len(images))
-        image_tokens = self.projector(fmap.flatten(2).transpose(1, 2))
+        fmaps, state = self.feature_maps(images), self._state(state, len(images))
         prompt = self.llm.get_input_embeddings()(prompt_ids.to(self.state_mean.device))
-        prefix = torch.cat([image_tokens, self.state_token(state), prompt], dim=1)
-        return prefix, self._key(fmap, state)
+        prefix = torch.cat([self._image_tokens(fmaps), self.state_token(state), prompt], dim=1)
+        return prefix, self._key(fmaps, state)
 
     def encode_prompt(self, instruction: str) -> torch.Tensor:
         """Instruction -> prompt ids [1, L] (OpenVLA's prompt template)."""
@@ -229,7 +254,7 @@ class VLA(nn.Module):
                          self.llm.get_input_embeddings()(action_ids[:, :-1])], dim=1)
         kwargs: dict[str, torch.Tensor] = {}
         if prompt_mask is not None:
-            b, n_img = emb.shape[0], self.config.image_grid ** 2 + 1
+            b, n_img = emb.shape[0], self.config.n_image_tokens + 1
             ones = torch.ones(b, 1, dtype=torch.long, device=emb.device)
             mask = torch.cat([ones.expand(b, n_img), prompt_mask.long(), ones.expand(b, n - 1)], dim=1)
             kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}

@@ -222,8 +222,8 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
         state, cfg = resume_state(out, cfg)
         model = VLA.from_pretrained(out)
         model.load_state_dict(state["model"])
-    image_size = model.config.image_size if model else VLAConfig(0, **overrides).image_size
-    records, dropped, invalid = read_episodes(paths, image_size, benchmark, skip_invalid)
+    config = model.config if model else VLAConfig(0, **overrides)
+    records, dropped, invalid = read_episodes(paths, config.image_size, benchmark, skip_invalid, config.views)
     if model is None:
         model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions, skip_invalid)
     train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)

@@ -23,6 +23,18 @@ def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
+def split_views(images: torch.Tensor, views: int) -> list[torch.Tensor]:
+    """[B, V*H, W, 3] (the cameras stacked top to bottom, `heisd.data.views`) -> V tensors [B, H, W, 3]."""
+    if images.ndim != 4 or images.shape[1] % views:
+        raise ValueError(f"expected {views} camera frames stacked as [B, {views}*H, W, 3], got {tuple(images.shape)}")
+    return list(images.chunk(views, dim=1)) if views > 1 else [images]
+
+
+def resize_views(images: torch.Tensor, size: int, views: int) -> torch.Tensor:
+    """`resize_images` of each stacked camera frame: [B, V*H, W, 3] -> [B, V*size, size, 3]."""
+    return torch.cat([resize_images(v, size) for v in split_views(images, views)], dim=1)
+
+
 def random_shift(x: torch.Tensor, pad: int) -> torch.Tensor:
     """DrQ augmentation: replicate-pad by `pad` pixels, crop back at a random offset per image."""
     b, _, h, w = x.shape
