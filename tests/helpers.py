@@ -87,9 +87,10 @@ def write_libero_demo_file(path: Path, episodes: int = 2, steps: int = 20, size:
 
 
 def write_libero_layout_file(path: Path, task: str, suite: str, instruction: str, episodes: int = 2,
-                             steps: int = 6, size: int = 256, seed: int = 0) -> None:
+                             steps: int = 6, size: int = 256, seed: int = 0, wrist: bool = False) -> None:
     """A `<task>_demo.hdf5` in LIBERO's own layout (as `heisd demos` records LIBERO): random frames stored
-    upside down, 7-D actions with the gripper at -1 (open) then +1 (closed)."""
+    upside down, 7-D actions with the gripper at -1 (open) then +1 (closed); `wrist`: the wrist camera's
+    frames too (`heisd demos --wrist`)."""
     rng = np.random.default_rng(seed)
     with h5py.File(path, "w") as f:
         data = f.create_group("data")
@@ -103,6 +104,8 @@ def write_libero_layout_file(path: Path, task: str, suite: str, instruction: str
             grip = np.where(np.arange(steps) < steps // 2, -1.0, 1.0)[:, None]
             g["actions"] = np.concatenate([rng.uniform(-0.9, 0.9, (steps, 6)), grip], 1).astype(np.float32)
             g["obs/agentview_rgb"] = rng.integers(0, 256, (steps, size, size, 3), dtype=np.uint8)
+            if wrist:
+                g["obs/eye_in_hand_rgb"] = rng.integers(0, 256, (steps, size, size, 3), dtype=np.uint8)
             g["obs/ee_pos"] = rng.normal(0, 0.1, (steps, 3)).astype(np.float32)
             g["obs/gripper_states"] = np.repeat(np.array([[0.04, -0.04]]), steps, 0).astype(np.float32)
             g["states"] = rng.normal(size=(steps, 10))

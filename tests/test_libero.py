@@ -286,3 +286,59 @@ def test_env_step_render_rotation_and_truncation(env):
     short.reset(options={"init_state": 0})
     flags = [short.step(DUMMY_ACTION, render=False)[3] for _ in range(3)]
     assert flags == [False, False, True]
+
+
+def test_wrist_camera_renders_beside_agentview(env):
+    from dataclasses import replace
+
+    from heisd.benchmarks.libero import LiberoConfig, LiberoEnv
+    from heisd.data.views import observed_frame
+
+    both = LiberoEnv("libero_object", env.task, replace(env.config, wrist=True))  # the same simulator
+    assert both.observation_space["wrist_image"].shape == (64, 64, 3)
+    obs, _ = both.reset(options={"init_state": 0})
+    raw = both._env.env.sim.render(camera_name="robot0_eye_in_hand", width=64, height=64)
+    assert np.array_equal(obs["wrist_image"], raw[::-1, ::-1])  # upright, as agentview
+    assert not np.array_equal(obs["wrist_image"], obs["image"])
+    alone, _ = env.reset(options={"init_state": 0})
+    assert "wrist_image" not in alone and np.array_equal(alone["image"], obs["image"])  # agentview unchanged
+    assert np.array_equal(observed_frame(obs, 2), np.concatenate([obs["image"], obs["wrist_image"]]))
+    with pytest.raises(InputError, match="no wrist frame"):
+        observed_frame(alone, 2)
+    assert both.step(DUMMY_ACTION, render=False)[0]["wrist_image"] is None  # a mid-chunk step renders nothing
+    with pytest.raises(UsageError, match="agentview only"):
+        LiberoConfig(protocol="openvla", wrist=True)
+
+
+@pytest.mark.parametrize("case", ["stacked", "missing", "other size"])
+def test_reader_reads_the_wrist_camera_for_a_two_camera_target(tmp_path, case):
+    path = tmp_path / f"{OBJECT_TASK}_demo.hdf5"
+    stored = _libero_file(path, attrs=True)  # LIBERO's own files hold eye_in_hand_rgb (here: agentview's frames)
+    if case != "stacked":
+        with h5py.File(path, "a") as f:
+            del f["data/demo_1/obs/eye_in_hand_rgb"]
+            if case == "other size":
+                f["data/demo_1/obs/eye_in_hand_rgb"] = np.zeros((6, 5, 5, 3), np.uint8)
+    if case == "stacked":
+        with DemoFile(path) as f:
+            assert f.episode("demo_1").wrist_images is None  # read only for a target that reads it
+        with DemoFile(path, views=2) as f:
+            ep = f.episode("demo_1")
+        upright = stored[1][:, ::-1, ::-1]
+        assert np.array_equal(ep.frames(2), np.concatenate([upright, upright], axis=1))
+        assert np.array_equal(ep.frames(2, [4])[0], np.concatenate([upright[4], upright[4]]))
+        assert np.array_equal(ep.frames(1), upright)
+        return
+    with DemoFile(path) as f:  # a one-camera target does not need it
+        assert len(f) == 2
+    problem = "has no wrist frames.*demos --wrist" if case == "missing" else "eye_in_hand_rgb has shape"
+    with pytest.raises(DemoFormatError, match=f"{path.name}.*demo_1.*{problem}"):
+        DemoFile(path, views=2)
+
+
+def test_wrist_recording_is_libero_only():
+    from heisd.runtime.recording import DemoConfig
+
+    for kwargs in ({"benchmark": "mw"}, {"benchmark": "libero_object", "shadows": True}):
+        with pytest.raises(UsageError, match="--wrist"):
+            DemoConfig(("t",), 1, wrist=True, **kwargs)

@@ -12,7 +12,7 @@ import torch
 
 from heisd.targets.vla import VLA, ActionTokenizer, CheckpointError, NormStats, TextTokenizer, VLAConfig
 from heisd.targets.vla.frames import Frames, chunk_targets
-from heisd.targets.vla.vision import random_shift, resize_images
+from heisd.targets.vla.vision import random_shift, resize_images, resize_views
 
 INSTRUCTIONS = ["move left", "move right and open the gripper"]
 TINY = {"hidden_size": 32, "n_layers": 1, "intermediate_size": 64, "image_size": 16,
@@ -68,40 +68,43 @@ def test_text_tokenizer_prompt_and_unseen_words(tmp_path):
 
 
 # ----- model -----
-def tiny_model(seed: int = 0) -> VLA:
+def tiny_model(seed: int = 0, views: int = 1) -> VLA:
     torch.manual_seed(seed)
     text = TextTokenizer.train(INSTRUCTIONS)
     norm = NormStats(q01=-np.ones(4), q99=np.ones(4), state_mean=np.zeros(4), state_std=np.ones(4))
-    return VLA(VLAConfig(text_vocab_size=text.vocab_size, **TINY), norm, text).eval()
+    return VLA(VLAConfig(text_vocab_size=text.vocab_size, views=views, **TINY), norm, text).eval()
 
 
 def inputs(model: VLA, b: int = 2):
+    """Frames of the model's cameras stacked (`heisd.data.views`), a prompt, states and action ids."""
     g = torch.Generator().manual_seed(1)
-    images = torch.randint(0, 256, (b, 32, 32, 3), dtype=torch.uint8, generator=g)
+    images = torch.randint(0, 256, (b, 32 * model.config.views, 32, 3), dtype=torch.uint8, generator=g)
     prompt = model.encode_prompt("move left").expand(b, -1)
     lo = model.config.vocab_size - 256
     actions = torch.randint(lo, model.config.vocab_size, (b, 8), generator=g)
     return images, prompt, torch.randn(b, 4, generator=g), actions
 
 
-def test_vocab_layout_and_prefix_shape():
-    model = tiny_model()
+@pytest.mark.parametrize("views", [1, 2], ids=["agentview", "with-wrist"])
+def test_vocab_layout_and_prefix_shape(views):
+    model = tiny_model(views=views)
     cfg = model.config
     assert cfg.vocab_size == model.text_tokenizer.vocab_size + 256
     assert model.llm.config.vocab_size == cfg.padded_vocab_size >= cfg.vocab_size
     assert cfg.padded_vocab_size % 64 == 0
     images, prompt, state, _ = inputs(model)
     emb = model.prefix_embeds(images, prompt, state)
-    assert emb.shape == (2, cfg.image_grid ** 2 + 1 + prompt.shape[1], cfg.hidden_size)
+    assert emb.shape == (2, views * cfg.image_grid ** 2 + 1 + prompt.shape[1], cfg.hidden_size)
     key = model.retrieval_key(images, state)
-    assert key.shape == (2, 4 * cfg.vision_channels[-1] + cfg.state_dim)
+    assert key.shape == (2, views * 4 * cfg.vision_channels[-1] + cfg.state_dim)
     prefix, same_key = model.encode_observation(images, prompt, state)  # one CNN pass, same values
     torch.testing.assert_close(prefix, emb)
     torch.testing.assert_close(same_key, key)
 
 
-def test_left_padded_prompt_gives_the_same_logits():
-    model = tiny_model()
+@pytest.mark.parametrize("views", [1, 2], ids=["agentview", "with-wrist"])
+def test_left_padded_prompt_gives_the_same_logits(views):
+    model = tiny_model(views=views)
     images, prompt, state, actions = inputs(model)
     with torch.no_grad():
         plain = model.teacher_forced(images, prompt, state, actions).logits
@@ -124,6 +127,27 @@ def test_teacher_forced_matches_prefill_then_cached_steps():
             steps.append(out.logits[:, -1])
     torch.testing.assert_close(torch.stack(steps, 1), tf.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model.llm.lm_head(tf.hidden), tf.logits)
+
+
+def test_each_camera_has_its_own_cnn_and_image_tokens():
+    model = tiny_model(views=2)
+    images, prompt, state, _ = inputs(model)
+    n = model.config.image_grid ** 2
+    other_wrist = images.clone()
+    other_wrist[:, 32:] = 255 - other_wrist[:, 32:]
+    with torch.no_grad():
+        a, b = (model.image_tokens(x) for x in (images, other_wrist))
+        assert torch.equal(a[:, :n], b[:, :n]) and not torch.allclose(a[:, n:], b[:, n:])  # agentview's tokens first
+        one = tiny_model(views=1)
+        one.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("wrist_vision.")})
+        assert torch.equal(one.image_tokens(images[:, :32]), a[:, :n])  # the agentview CNN is a one-camera target's
+        resized = resize_views(images, 16, 2)
+        assert resized.shape == (2, 32, 16, 3)
+        assert torch.equal(resized[:, 16:], resize_images(images[:, 32:], 16))
+    with pytest.raises(ValueError, match="2 camera frames stacked"):
+        model.image_tokens(images[:, :33])
+    with pytest.raises(ValueError, match="views must be one of"):
+        VLAConfig(text_vocab_size=8, views=3).validate()
 
 
 def test_image_ops():
@@ -152,8 +176,9 @@ def test_frames_move_to_a_device_whole():
     assert torch.equal(frames.batch(torch.tensor([1, 4]))["action_ids"], torch.tensor([[4, 5, 6, 7], [16, 17, 18, 19]]))
 
 
-def test_save_load_round_trip(tmp_path):
-    model = tiny_model()
+@pytest.mark.parametrize("views", [1, 2], ids=["agentview", "with-wrist"])
+def test_save_load_round_trip(tmp_path, views):
+    model = tiny_model(views=views)
     model.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.json", "model.safetensors", "norm_stats.json", "tokenizer.json"]
@@ -164,7 +189,8 @@ def test_save_load_round_trip(tmp_path):
         a = model.teacher_forced(images, prompt, state, actions).logits
         b = loaded.teacher_forced(images, prompt, state, actions).logits
     assert torch.equal(a, b)
-    assert loaded.fingerprint() == model.fingerprint() != tiny_model(seed=1).fingerprint()
+    assert loaded.fingerprint() == model.fingerprint() != tiny_model(seed=1, views=views).fingerprint()
+    assert loaded.spec.views == views
 
 
 def test_bad_checkpoints_error_clearly(tmp_path):
