@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from heisd.data.views import target_frames
 from heisd.data.dataset import DemoFile, DemoFormatError
+from heisd.data.views import target_frames
 from heisd.errors import InputError
 from heisd.executors import LocalExecutor
 from heisd.kinematics import KinematicConfig, KinematicStats, fit_delta_scale
