@@ -178,3 +178,18 @@ def test_eval_config_ranges(field, value) -> None:
     with pytest.raises(ConfigError, match=f"EvalConfig.{field} must be >= "):
         EvalConfig(**{"tasks": ("reach-v3",), "episodes": 1, field: value})
 
+
+
+def test_train_drafter_skips_invalid_episodes_only_when_asked(tmp_path, capsys) -> None:
+    from heisd.cli import main
+
+    path = tmp_path / "bad.hdf5"
+    write_demo_file(path, ["reach-v3"], episodes=3, steps=20)  # one held out, one to train on, one broken
+    with h5py.File(path, "a") as f:
+        set_value("actions", 0, np.nan)(f["data"])
+    tiny_vla().save_pretrained(tmp_path / "vla")
+    argv = ["train-drafter", "--target", str(tmp_path / "vla"), "--demos", str(path), "--out", str(tmp_path / "d"),
+            "--steps", "2", "--batch-size", "4", "--eval-every", "2", "--threads", "1", "--max-frames", "12"]
+    assert main(argv) == 1
+    assert "bad.hdf5: data/demo_1 has non-finite actions" in capsys.readouterr().err
+    assert main([*argv, "--skip-invalid-episodes"]) == 0  # the good episode's frames, read again for the target's tokens

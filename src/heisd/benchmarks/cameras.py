@@ -8,3 +8,4 @@ UNRECORDED_CAMERA = "corner3"  # what heisd recorded with before checkpoints rec
 
 LIBERO_CAMERA = "agentview"  # what every LIBERO target reads
 LIBERO_WRIST_CAMERA = "robot0_eye_in_hand"  # robosuite's wrist camera, LIBERO datasets' `eye_in_hand_rgb`
+WRIST_KEY = "wrist_image"  # the observation's wrist frame (`LiberoConfig.wrist`)

@@ -30,13 +30,12 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless: must be set before mujoco
 import gymnasium as gym
 import numpy as np
 
-from heisd.benchmarks.cameras import LIBERO_CAMERA, LIBERO_WRIST_CAMERA
+from heisd.benchmarks.cameras import LIBERO_CAMERA, LIBERO_WRIST_CAMERA, WRIST_KEY
 from heisd.benchmarks.libero_protocol import (
     ACTION_DIM, DUMMY_ACTION, MAX_STEPS, NUM_STEPS_WAIT, OPENVLA_IMAGE_SIZE, PROTOCOL_RENDER_SIZE, check_suite,
     openvla_gripper, openvla_image, rotate_180,
 )
 from heisd.benchmarks.libero_setup import ensure_libero
-from heisd.data.views import WRIST_KEY
 from heisd.errors import InputError, UsageError
 
 STATE_DIM = 5  # ee xyz, two gripper finger positions (LIBERO datasets' ee_pos + gripper_states)

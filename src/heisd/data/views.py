@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from heisd.benchmarks.cameras import WRIST_KEY
 from heisd.errors import InputError
 
-WRIST_KEY = "wrist_image"  # the observation's wrist frame (LIBERO with `LiberoConfig.wrist`)
 VIEWS = (1, 2)  # agentview alone, or agentview and the wrist camera
 
 

@@ -105,7 +105,8 @@ def target_features(target: Target, episodes: Sequence[EpisodeRef], idx: torch.T
     parts = []
     with tqdm(total=len(idx), desc=desc, unit="frame", dynamic_ncols=True) as bar:
         for path, group in groupby(range(len(episodes)), key=lambda e: episodes[e].path):
-            with DemoFile(path, views=target.spec.views) as f:
+            # skip_invalid: `episodes` holds only valid ones (successful_episodes refused or left out the rest)
+            with DemoFile(path, skip_invalid=True, views=target.spec.views) as f:
                 for e in group:
                     steps = (idx[(idx >= starts[e]) & (idx < starts[e + 1])] - starts[e]).numpy()
                     if not len(steps):
