@@ -191,6 +191,8 @@ def test_save_load_round_trip(tmp_path, views):
     assert torch.equal(a, b)
     assert loaded.fingerprint() == model.fingerprint() != tiny_model(seed=1, views=views).fingerprint()
     assert loaded.spec.views == views
+    # one camera: the config written as before the option, so shipped checkpoints keep their fingerprints
+    assert ("views" in json.loads((tmp_path / "config.json").read_text())) == (views == 2)
 
 
 def test_bad_checkpoints_error_clearly(tmp_path):

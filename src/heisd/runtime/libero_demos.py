@@ -88,7 +88,7 @@ def _file_attrs(data, ep: dict, cfg: DemoConfig) -> None:
     data.attrs["env_args"] = json.dumps({"type": 1, "env_name": info["problem_name"],
                                          "problem_name": info["problem_name"], "bddl_file": ep["bddl_file"],
                                          "env_kwargs": {"controller": "OSC_POSE",
-                                                        "camera_names": [LIBERO_CAMERA] + [LIBERO_WRIST_CAMERA] * cfg.wrist,
+                                                        "camera_names": [LIBERO_CAMERA] + [LIBERO_WRIST_CAMERA] * ("wrist_images" in ep),
                                                         "camera_heights": cfg.image_size,
                                                         "camera_widths": cfg.image_size},
                                          "heisd_demos": asdict(cfg)})

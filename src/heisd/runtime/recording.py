@@ -110,8 +110,9 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     policy = None if cfg.source == "expert" else _target_policy(cfg.policy, cfg.benchmark, cfg.image_size,
                                                                   cfg.shadows)
     views = 1 if policy is None else policy.views
+    wrist = cfg.wrist or views == 2  # a two-camera actor's rollouts keep its second camera (DAgger trains on them)
     env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, None if libero else cfg.max_steps,
-                   fast_render=not cfg.shadows, wrist=cfg.wrist or views == 2)
+                   fast_render=not cfg.shadows, wrist=wrist)
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
     obs, info = env.reset(options={"layout_seed": s})
@@ -125,7 +126,7 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
     # state: ee xyz, then mw's gripper opening and goal xyz, or LIBERO's two finger positions
     frames = {"actions": [], "images": [], "ee_pos": [], "gripper": []}
     frames.update({"states": []} if libero else {"goal_pos": []})
-    frames.update({"wrist_images": []} if cfg.wrist else {})
+    frames.update({"wrist_images": []} if wrist else {})
     success, truncated, todo = False, False, []
     while not (success or truncated):
         if not todo:
@@ -134,7 +135,7 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
         frames["actions"].append(label(info) if cfg.expert_labels else action)
         if cfg.render:
             frames["images"].append(obs["image"])
-        if cfg.wrist:
+        if wrist:
             frames["wrist_images"].append(obs[WRIST_KEY])
         frames["ee_pos"].append(obs["state"][:3])
         if libero:

@@ -74,6 +74,8 @@ class VLAConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["vision_channels"] = list(self.vision_channels)
+        if self.views == 1:  # written only when two: a one-camera checkpoint's config and fingerprint stay as they were
+            del d["views"]
         return d
 
     @classmethod
