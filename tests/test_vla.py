@@ -144,8 +144,9 @@ def test_each_camera_has_its_own_cnn_and_image_tokens():
         resized = resize_views(images, 16, 2)
         assert resized.shape == (2, 32, 16, 3)
         assert torch.equal(resized[:, 16:], resize_images(images[:, 32:], 16))
-    with pytest.raises(ValueError, match="2 camera frames stacked"):
-        model.image_tokens(images[:, :33])
+    for wrong in (images[:, :33], images[:, :32]):  # not two frames; one camera's frame alone
+        with pytest.raises(ValueError, match="2 square camera frames stacked"):
+            model.image_tokens(wrong)
     with pytest.raises(ValueError, match="views must be one of"):
         VLAConfig(text_vocab_size=8, views=3).validate()
 

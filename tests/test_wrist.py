@@ -99,7 +99,7 @@ def test_the_server_takes_the_wrist_image_beside_the_image():
     local = VLAPolicy(vla, build_decoders(MethodConfig("ar"), vla))
     local.reset(instruction)
     expected, _ = local.act(np.concatenate([image, wrist]), state)
-    with ServerThread(*make_service(vla, MethodConfig("ar"), ServeConfig(), "vla")) as s:
+    with ServerThread(*make_service(vla, MethodConfig("ar"), ServeConfig(warmup_steps=2), "vla")) as s:
         assert PolicyClient(s.url).info()["target"]["views"] == 2
         remote = RemotePolicy(PolicyClient(s.url), views=2)
         remote.reset(instruction)

@@ -67,7 +67,7 @@ def profile_target(target: Target, config: ProfileConfig, drafter: Drafter | Non
     spec, llm = target.spec, target.llm
     device = llm.device
     rng = np.random.default_rng(config.seed)
-    frame = torch.from_numpy(rng.integers(0, 256, (1, spec.image_size, spec.image_size, 3), dtype=np.uint8))
+    frame = torch.from_numpy(rng.integers(0, 256, (1, *spec.frame_shape), dtype=np.uint8))
     state = spec.state_input(np.zeros((1, spec.state_dim)))
     prompt = target.encode_prompt(config.instruction)
 

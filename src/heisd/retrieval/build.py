@@ -68,7 +68,7 @@ def encode_frames(target: Target, images: np.ndarray, instruction: str, states: 
 def key_dim(target: Target) -> int:
     """Width of the retrieval key (asked of the model rather than re-derived from its pooling)."""
     spec = target.spec
-    frame = torch.zeros(1, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
+    frame = torch.zeros(1, *spec.frame_shape, dtype=torch.uint8)
     return int(target.retrieval_key(frame, spec.state_input(np.zeros((1, spec.state_dim)))).shape[1])
 
 

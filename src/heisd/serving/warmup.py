@@ -22,7 +22,7 @@ def warm_up(policy, steps: int, instruction: str) -> dict:
         return {"steps": 0, "seconds": 0.0, "graphs_captured": 0}
     spec = policy.target.spec
     rng = np.random.default_rng(0)
-    image = rng.integers(0, 256, (spec.views * spec.image_size, spec.image_size, 3), dtype=np.uint8)
+    image = rng.integers(0, 256, spec.frame_shape, dtype=np.uint8)
     state = np.zeros(spec.state_dim, np.float32)
     before, start = captures(), time.perf_counter()
     policy.reset(instruction)

@@ -36,6 +36,11 @@ class TargetSpec:
     protocol: str = "raw"
     views: int = 1  # cameras read, stacked in one frame (`heisd.data.views`): 2 = agentview and the wrist camera
 
+    @property
+    def frame_shape(self) -> tuple[int, int, int]:
+        """A frame the target reads at its own size: its cameras stacked top to bottom (`heisd.data.views`)."""
+        return (self.views * self.image_size, self.image_size, 3)
+
     def state_input(self, states: np.ndarray | torch.Tensor) -> torch.Tensor | None:
         """Recorded robot states [B, S] as the target takes them: float32, or None for a target
         that reads none (`state_dim` 0; OpenVLA), whatever the recording holds."""

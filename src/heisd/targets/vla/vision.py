@@ -24,10 +24,14 @@ def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def split_views(images: torch.Tensor, views: int) -> list[torch.Tensor]:
-    """[B, V*H, W, 3] (the cameras stacked top to bottom, `heisd.data.views`) -> V tensors [B, H, W, 3]."""
-    if images.ndim != 4 or images.shape[1] % views:
-        raise ValueError(f"expected {views} camera frames stacked as [B, {views}*H, W, 3], got {tuple(images.shape)}")
-    return list(images.chunk(views, dim=1)) if views > 1 else [images]
+    """[B, V*S, S, 3] (square cameras stacked top to bottom, `heisd.data.views`) -> V tensors [B, S, S, 3].
+    One camera's frame may be any shape (it is resized); stacked ones must be square, so that a single
+    frame given to a two-camera target is refused rather than cut in two."""
+    if views == 1:
+        return [images]
+    if images.ndim != 4 or images.shape[1] != views * images.shape[2]:
+        raise ValueError(f"expected {views} square camera frames stacked as [B, {views}*S, S, 3], got {tuple(images.shape)}")
+    return list(images.chunk(views, dim=1))
 
 
 def resize_views(images: torch.Tensor, size: int, views: int) -> torch.Tensor:
