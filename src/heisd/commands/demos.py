@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for an OpenVLA-architecture target (`train-vla --arch openvla`), which sees the protocol's frames")
     p.add_argument("--wrist", action="store_true",
                    help="LIBERO: record the wrist camera too (obs/eye_in_hand_rgb, at --image-size), for targets that "
-                        "read both cameras (`train-vla --wrist`); a second render per step, about twice the recording time")
+                        "read both cameras (`train-vla --wrist`); a second render per step (its cost: BENCHMARKS.md 18.8)")
     p.add_argument("--camera", default=DEFAULT_CAMERA, help="Meta-World camera name (LIBERO: always agentview); "
                    "corner3's arm can hide the puck at the start of push and pick-place")
     p.add_argument("--max-steps", type=int, default=300,
