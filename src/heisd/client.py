@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 import json_numpy
 import numpy as np
 
-from heisd.errors import HeisdError
 from heisd.data.views import split_frame
+from heisd.errors import HeisdError
 from heisd.serving.msgpack_arrays import packb, unpackb
 from heisd.serving.wire import MSGPACK, STEP_HEADER
 
