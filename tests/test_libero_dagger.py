@@ -32,11 +32,11 @@ def _episode(success: bool, steps: int = 5) -> dict:
             "bddl_file": f"libero/libero/bddl_files/libero_object/{TASK}.bddl"}
 
 
-def _record(tmp_path: Path, cfg: DemoConfig, successes: list[bool], monkeypatch) -> Path:
+def _record(tmp_path: Path, cfg: DemoConfig, successes: list[bool], monkeypatch, edit=lambda ep: ep) -> Path:
     """The real LIBERO writer over episodes made up here (the simulator's part is tested elsewhere)."""
     from heisd.runtime import episode_store, libero_demos
 
-    monkeypatch.setattr(episode_store, "episode_work", lambda state, job: _episode(successes[job[1]]))
+    monkeypatch.setattr(episode_store, "episode_work", lambda state, job: edit(_episode(successes[job[1]])))
     libero_demos.generate_libero_demos(cfg, tmp_path / "demos", progress=False)
     assert not (tmp_path / "demos.partial").exists()  # the finished episodes go once the files are written
     return tmp_path / "demos" / f"{TASK}_demo.hdf5"
@@ -195,3 +195,17 @@ def test_demos_refuse_an_openvla_policy_outside_libero(tiny_openvla_dir):
 
     with pytest.raises(UsageError, match="--policy .*: an OpenVLA checkpoint acts in LIBERO suites .* not in mw"):
         _target_policy(str(tiny_openvla_dir), "mw", 256, True)  # before its statistics are picked
+
+
+def test_the_wrist_camera_is_written_in_libero_layout_and_read_back(tmp_path, monkeypatch):
+    def with_wrist(ep: dict) -> dict:
+        return {**ep, "wrist_images": 255 - ep["images"]}
+
+    cfg = DemoConfig((TASK,), 1, benchmark="libero_object", wrist=True)
+    path = _record(tmp_path, cfg, [True], monkeypatch, with_wrist)
+    with DemoFile(path, views=2) as f:
+        assert f.attrs["env_args"]["env_kwargs"]["camera_names"] == ["agentview", "robot0_eye_in_hand"]
+        ep = f.episode("demo_0")
+    recorded = _episode(True)["images"]  # stored flipped as LIBERO stores frames, read back as recorded: both cameras
+    assert np.array_equal(ep.wrist_images, 255 - recorded)
+    assert np.array_equal(ep.frames(2), np.concatenate([recorded, 255 - recorded], axis=1))
