@@ -84,6 +84,7 @@ def test_the_server_takes_the_wrist_image_beside_the_image():
     import requests
 
     from heisd.client import PolicyClient, RemotePolicy
+    from heisd.errors import InputError
     from heisd.runtime.methods import MethodConfig, build_decoders
     from heisd.runtime.policy import VLAPolicy
     from heisd.serving.config import ServeConfig
@@ -105,6 +106,8 @@ def test_the_server_takes_the_wrist_image_beside_the_image():
         remote.reset(instruction)
         served, _ = remote.act(np.concatenate([image, wrist]), state)  # sent apart: image and wrist_image
         np.testing.assert_array_equal(served, expected)
+        with pytest.raises(InputError, match="a two-camera frame"):  # one camera's frame is not sent as two halves
+            remote.act(np.concatenate([image, image], axis=1)[:16], state)
         for fields, problem in (({}, "wrist_image: missing"), ({"wrist_image": wrist[:8]}, "wrist_image: shape")):
             body = json_numpy.dumps({"image": image, "instruction": instruction, "proprio": state, **fields})
             reply = requests.post(s.url + "/act", data=body, timeout=30)

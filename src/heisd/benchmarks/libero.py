@@ -39,7 +39,6 @@ from heisd.benchmarks.libero_setup import ensure_libero
 from heisd.errors import InputError, UsageError
 
 STATE_DIM = 5  # ee xyz, two gripper finger positions (LIBERO datasets' ee_pos + gripper_states)
-CAMERA, WRIST_CAMERA = LIBERO_CAMERA, LIBERO_WRIST_CAMERA
 
 
 @dataclass(frozen=True)
@@ -222,7 +221,7 @@ class LiberoEnv(gym.Env):
         if sim is not None:
             sim.env.close()
 
-    def render(self, camera: str = CAMERA) -> np.ndarray:
+    def render(self, camera: str = LIBERO_CAMERA) -> np.ndarray:
         """`camera`'s frame of the current state, upright."""
         size = self.config.image_size
         # each simulator has its own GL context and robosuite renders into whichever is current
@@ -236,12 +235,12 @@ class LiberoEnv(gym.Env):
         if not render:
             image = None
         elif self.config.protocol == "openvla":  # the frame robosuite observed this step, as OpenVLA's eval reads it
-            image = openvla_image(rotate_180(sim_obs[f"{CAMERA}_image"]), self.config.crop)  # JPEG'd, 224 px
+            image = openvla_image(rotate_180(sim_obs[f"{LIBERO_CAMERA}_image"]), self.config.crop)  # JPEG'd, 224 px
         else:
             image = self.render()
         obs = {"image": image, "state": state}
         if self.config.wrist:
-            obs[WRIST_KEY] = self.render(WRIST_CAMERA) if render else None
+            obs[WRIST_KEY] = self.render(LIBERO_WRIST_CAMERA) if render else None
         return obs
 
     @staticmethod
@@ -285,7 +284,7 @@ def _make_simulator(suite: str, task: str, image_size: int, fast_render: bool, o
     bddl = os.path.join(get_libero_path("bddl_files"), spec.problem_folder, spec.bddl_file)
     env = OffScreenRenderEnv(
         bddl_file_name=bddl, camera_heights=image_size, camera_widths=image_size,
-        camera_names=[CAMERA], use_camera_obs=observed,  # else frames are rendered on demand by LiberoEnv.render
+        camera_names=[LIBERO_CAMERA], use_camera_obs=observed,  # else frames are rendered on demand by LiberoEnv.render
         hard_reset=False,  # LiberoEnv.reset refreshes what a hard reset would
     )
     env.seed(0)  # as the protocol

@@ -143,10 +143,10 @@ class DemoFile:
                 )
         images = group["obs/agentview_rgb"]
         self._check_frames(name, "obs/agentview_rgb", images)
-        if self.wrist and WRIST_DATASET not in group:
-            raise DemoFormatError(f"{self.path}: data/{name} has no wrist frames ({WRIST_DATASET}), and the target "
-                                  "reads the wrist camera too: record with `heisd demos --wrist`")
         if self.wrist:
+            if WRIST_DATASET not in group:
+                raise DemoFormatError(f"{self.path}: data/{name} has no wrist frames ({WRIST_DATASET}), and the "
+                                      "target reads the wrist camera too: record with `heisd demos --wrist`")
             wrist = group[WRIST_DATASET]
             self._check_frames(name, WRIST_DATASET, wrist)
             if wrist.shape != images.shape:

@@ -26,9 +26,11 @@ def stack_views(image: np.ndarray, wrist: np.ndarray) -> np.ndarray:
 
 
 def split_frame(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`stack_views`'s inverse: a [2H, W, 3] frame -> (agentview, wrist), what a server is sent apart."""
-    if frame.ndim != 3 or frame.shape[0] % 2:
-        raise InputError(f"a two-camera frame is [2H, W, 3] (agentview above the wrist view), got {list(frame.shape)}")
+    """`stack_views`'s inverse: a [2S, S, 3] frame -> (agentview, wrist), what a server is sent apart. Square
+    cameras, as the target's own split (`heisd.targets.vla.vision.split_views`) requires: one camera's frame
+    is refused here rather than sent as two halves."""
+    if frame.ndim != 3 or frame.shape[0] != 2 * frame.shape[1]:
+        raise InputError(f"a two-camera frame is [2S, S, 3] (agentview above the wrist view), got {list(frame.shape)}")
     half = frame.shape[0] // 2
     return frame[:half], frame[half:]
 
