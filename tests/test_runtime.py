@@ -101,6 +101,19 @@ def test_replay_of_exact_speculative_decoding_matches_ar(tmp_path):
     assert loose["token_mismatch_rate"] > 0.0 and loose["tokens_per_forward"] > result["tokens_per_forward"]
 
 
+def test_replay_plan_interleaves_tasks_at_the_chunk_cadence_up_to_the_frame_count(tmp_path):
+    """Whole episodes in turn, one task after the other; frames every `stride` steps; the last
+    episode cut at `frames`. Demos 0-1 are reach-v3, 2-3 push-v3 (10 steps each)."""
+    from heisd.runtime.replay import replay_plan
+
+    path = tmp_path / "d.hdf5"
+    write_demo_file(path, ["reach-v3", "push-v3"], episodes=2, steps=10)
+    plan = replay_plan([path], frames=10, stride=4)
+    assert plan == [(str(path), "demo_0", (0, 4, 8)), (str(path), "demo_2", (0, 4, 8)),
+                    (str(path), "demo_1", (0, 4, 8)), (str(path), "demo_3", (0,))]
+    assert replay_plan([path], frames=100, stride=4)[-1] == (str(path), "demo_3", (0, 4, 8))
+
+
 def test_acceptance_length_and_rates_by_position_by_hand():
     """Two steps: passes (accepted, depth) = (2, 3), (0, 0: an AR pass), (1, 1), (3, 3); the AR
     pass drafted nothing, so AL = 1 + (2 + 1 + 3) / 3 = 3; depth 1 reached 3 times, accepted 3

@@ -204,6 +204,10 @@ class DemoFile:
         g = self._group(name)
         return np.asarray(g["actions"][()], dtype=np.float32), bool(g.attrs.get("success", True))
 
+    def task_of(self, name: str) -> str:
+        """The task of one episode, without reading its frames."""
+        return self.libero.task if self.libero else _attr(self._group(name), "task")
+
     def gripper_states(self, name: str) -> np.ndarray:
         """(T, G) finger positions of one episode, without reading its frames."""
         return _gripper_states(self._group(name))
@@ -223,7 +227,7 @@ class DemoFile:
             images = self._frames(g, "obs/agentview_rgb")
             return Episode(
                 name=name,
-                task=self.libero.task if self.libero else _attr(g, "task"),
+                task=self.task_of(name),
                 instruction=self.libero.instruction if self.libero else _attr(g, "instruction"),
                 actions=np.asarray(g["actions"][()], dtype=np.float32),
                 images=images,

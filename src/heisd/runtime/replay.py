@@ -31,8 +31,8 @@ def replay_plan(paths: list[str | Path], frames: int, stride: int) -> list[tuple
     by_task: dict[str, list[tuple[str, str, int]]] = {}
     for path in paths:
         with DemoFile(path) as f:
-            for ep in f:
-                by_task.setdefault(ep.task, []).append((str(path), ep.name, len(ep)))
+            for name in f.episode_names():  # tasks and lengths only: no frames are read
+                by_task.setdefault(f.task_of(name), []).append((str(path), name, len(f.summary(name)[0])))
     order = [eps[i] for i in range(max(map(len, by_task.values()), default=0))
              for eps in by_task.values() if i < len(eps)]
     plan, n = [], 0
