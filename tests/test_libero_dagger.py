@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from heisd.data.dataset import DemoFile
-from heisd.errors import UsageError
+from heisd.errors import OutputError, UsageError
 from heisd.runtime.recording import DemoConfig
 
 pytest.importorskip("libero", reason="the libero extra is not installed (pip install -e '.[libero]')")
@@ -74,6 +74,41 @@ def test_dagger_round_files_on_libero(tmp_path):
     assert rollout_files(mw, tmp_path) == [tmp_path / "rollouts.hdf5"]
     with pytest.raises(UsageError, match="no scripted experts for libero_90"):
         DaggerConfig(init="x", demos=(), tasks=tasks, benchmark="libero_90")
+
+
+def test_libero_recordings_record_the_protocols_step_limit(tmp_path):
+    """A LIBERO recording or DAgger run says the limit its episodes ran (the protocol's); another is
+    refused; runs saved before it was recorded (they say mw's 300) still resume."""
+    from heisd.runtime.dagger import DaggerConfig, _jsonable, run_dagger
+    from heisd.runtime.episode_store import SETTINGS_FILE, EpisodeStore, partial_path
+    from heisd.targets.vla.checkpoint import CheckpointError
+
+    assert DemoConfig((TASK,), 1, benchmark="libero_object").max_steps == 280
+    assert DemoConfig(("reach-v3",), 1).max_steps == 300 and DemoConfig(("reach-v3",), 1, max_steps=7).max_steps == 7
+    assert DaggerConfig(init="x", demos=(), tasks=(TASK,), benchmark="libero_object").max_steps == 280
+    with pytest.raises(UsageError, match="libero_object records episodes of its protocol's 280 steps"):
+        DemoConfig((TASK,), 1, benchmark="libero_object", max_steps=300)
+    with pytest.raises(UsageError, match="--max-steps 50 is for mw"):
+        DaggerConfig(init="x", demos=(), tasks=(TASK,), benchmark="libero_object", max_steps=50)
+
+    cfg = DemoConfig((TASK,), 1, benchmark="libero_object")
+    old = partial_path(tmp_path / "demos")
+    old.mkdir()
+    (old / "kept.pkl.z").write_bytes(b"")
+    saved = {k: v for k, v in json.loads(json.dumps(cfg.__dict__)).items() if k not in ("tasks", "episodes")}
+    (old / SETTINGS_FILE).write_text(json.dumps({**saved, "max_steps": 300}))
+    EpisodeStore(tmp_path / "demos", cfg)  # the same recording: resumed, nothing thrown away
+    assert (old / "kept.pkl.z").exists()
+    (old / SETTINGS_FILE).write_text(json.dumps({**saved, "max_steps": 300, "noise": 0.5}))
+    with pytest.raises(OutputError, match=r"other settings \(noise\)"):
+        EpisodeStore(tmp_path / "demos", cfg)
+
+    run = tmp_path / "dagger"
+    run.mkdir()
+    dagger = DaggerConfig(init=str(tmp_path / "missing"), demos=(), tasks=(TASK,), benchmark="libero_object")
+    (run / "dagger.json").write_text(json.dumps({**_jsonable(dagger), "max_steps": 300}))
+    with pytest.raises(CheckpointError, match="not a target checkpoint"):  # as far as --init: the settings matched
+        run_dagger(dagger, run, progress=False)
 
 
 def test_a_target_that_cannot_act_in_libero_is_refused():

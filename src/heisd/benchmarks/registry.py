@@ -72,6 +72,19 @@ def default_max_steps(benchmark: str) -> int:
     return MWConfig.max_steps
 
 
+def recording_max_steps(benchmark: str, max_steps: int | None) -> int:
+    """The step limit of recorded episodes (demonstrations, DAgger rollouts): mw's `max_steps`, None
+    for its default; a LIBERO suite records with its protocol's limit only (its scripted experts and
+    targets are measured with it), so another value is refused."""
+    limit = default_max_steps(benchmark)
+    if is_libero(benchmark) and max_steps not in (None, limit):
+        from heisd.errors import UsageError
+
+        raise UsageError(f"{benchmark} records episodes of its protocol's {limit} steps; --max-steps "
+                         f"{max_steps} is for mw (leave it out)")
+    return limit if max_steps is None else max_steps
+
+
 def make_env(benchmark: str, task: str, image_size: int, camera: str, max_steps: int | None = None,
              protocol: str = "raw", crop: bool = False, fast_render: bool | None = None, wrist: bool = False):
     """One task's environment. LIBERO: agentview at `image_size`; `camera` is mw's. `max_steps`: the

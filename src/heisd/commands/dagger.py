@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=d("threads"), help="torch threads for fine-tuning")
     p.add_argument("--workers", type=int, default=d("workers"), help="parallel simulator processes for rollouts")
     p.add_argument("--max-steps", type=int, default=d("max_steps"),
-                   help="episode step limit of mw's rollouts (LIBERO: the suite's protocol value)")
+                   help="episode step limit of mw's rollouts (default 300); LIBERO rolls out its protocol's "
+                        "220/280/300/520 steps per suite")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in --out (a run with the same settings resumes without it)")
     add_ray_arguments(p, "rollout episodes (fine-tuning stays on this machine)")

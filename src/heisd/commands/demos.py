@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "read both cameras (`train-vla --wrist`); a second render per step (its cost: BENCHMARKS.md 18.8)")
     p.add_argument("--camera", default=DEFAULT_CAMERA, help="Meta-World camera name (LIBERO: always agentview); "
                    "corner3's arm can hide the puck at the start of push and pick-place")
-    p.add_argument("--max-steps", type=int, default=300,
-                   help="Meta-World episode step limit (LIBERO: the suite's protocol value)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="Meta-World episode step limit (default 300); LIBERO records its protocol's "
+                        "220/280/300/520 steps per suite")
     p.add_argument("--policy", default="expert",
                    help="who acts: 'expert' (scripted) or a target checkpoint directory (its own AR rollouts, "
                         "kept whether they succeed or not: a datastore drafts the target's own tokens); on LIBERO an "

@@ -60,15 +60,17 @@ class DaggerConfig:
     lr: float = 3e-4  # peak fine-tuning learning rate (a tenth of the schedule warms up)
     threads: int = 2  # torch threads for fine-tuning
     workers: int = 1  # simulator processes for the rollouts
-    max_steps: int = 300  # episode step limit of mw's rollouts (LIBERO: the suite's protocol value)
+    max_steps: int | None = None  # rollouts' step limit; None: the benchmark's (LIBERO: only its protocol's)
     benchmark: str = "mw"  # mw, or a LIBERO suite with scripted experts (libero_object)
 
     def __post_init__(self) -> None:
         from heisd.benchmarks.libero_experts import check_expert_suite
+        from heisd.benchmarks.registry import recording_max_steps
         from heisd.runtime.recording import EVAL_SEED_OFFSET
 
         if self.benchmark != "mw":
             check_expert_suite(self.benchmark)
+        object.__setattr__(self, "max_steps", recording_max_steps(self.benchmark, self.max_steps))
 
         for name, least in (("rounds", 1), ("episodes", 1), ("steps", 1), ("batch_size", 1), ("threads", 1),
                             ("workers", 1), ("max_steps", 1), ("seed", 0)):
@@ -98,6 +100,7 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
     """Run (or resume) every round; return the last round's checkpoint directory. `executor`
     (`heisd.executors`; default: `cfg.workers` local processes): where the rollouts run."""
     from heisd.executors import LocalExecutor
+    from heisd.runtime.recording import ran_settings
 
     executor = executor or LocalExecutor(cfg.workers)
     out = Path(out)
@@ -106,6 +109,7 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
     before, now = (json.loads(saved.read_text()) if saved.is_file() else None), _jsonable(cfg)
     if before is not None:
         before.setdefault("benchmark", "mw")  # runs saved before LIBERO had DAgger
+        before = ran_settings(before)
     resuming = before == now
     if before is not None and not resuming and not overwrite:
         changed = sorted(k for k in now if before.get(k) != now[k])

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from heisd.errors import OutputError, WriteError
-from heisd.runtime.recording import DemoConfig, episode_work
+from heisd.runtime.recording import DemoConfig, episode_work, ran_settings
 from heisd.storage import write_json
 from heisd.storage.failures import os_error
 
@@ -78,6 +78,7 @@ class EpisodeStore:
                 before = json.loads(saved.read_text())
                 if not isinstance(before, dict):
                     raise ValueError("not a JSON object")
+                before = ran_settings(before)
             except (OSError, ValueError) as e:  # not ours to remove, even with --overwrite
                 raise OutputError(f"{self.dir} is not a recording's finished episodes ({saved.name}: {e}); "
                                   "move it away to record here") from e

@@ -31,7 +31,7 @@ class DemoConfig:
     noise: float = 0.0  # std of Gaussian noise added to executed xyz actions (DART); 0 = clean
     image_size: int = 128  # square camera frame, pixels
     camera: str = DEFAULT_CAMERA  # mw camera (LIBERO: agentview)
-    max_steps: int = 300  # mw episode limit (LIBERO: the suite's protocol value)
+    max_steps: int | None = None  # episode step limit; None: the benchmark's (LIBERO: only its protocol's)
     policy: str = "expert"  # "expert" (scripted), or a target checkpoint directory: its own AR rollouts
     expert_labels: bool = False  # DAgger: the target acts, the recorded actions are the expert's
     benchmark: str = "mw"  # mw or a LIBERO suite with experts (heisd.benchmarks.libero_experts)
@@ -57,6 +57,12 @@ class DemoConfig:
             from heisd.benchmarks.libero_experts import check_expert_suite
 
             check_expert_suite(self.benchmark)
+        from heisd.benchmarks.registry import recording_max_steps
+
+        # the limit the episodes run, as the recording's settings record it
+        object.__setattr__(self, "max_steps", recording_max_steps(self.benchmark, self.max_steps))
+        if self.max_steps < 1:
+            raise UsageError(f"--max-steps must be >= 1, got {self.max_steps}")
 
     @property
     def source(self) -> str:
@@ -65,6 +71,15 @@ class DemoConfig:
         if self.policy == "expert":
             return "expert"
         return "dagger" if self.expert_labels else "target"
+
+
+def ran_settings(saved: dict) -> dict:
+    """Saved settings (a recording's, a DAgger run's) as the episodes ran: LIBERO always ran its
+    protocol's step limit, though runs saved before the limit was recorded say mw's 300."""
+    from heisd.benchmarks.registry import default_max_steps, is_libero
+
+    benchmark = saved.get("benchmark", "mw")
+    return {**saved, "max_steps": default_max_steps(benchmark)} if is_libero(benchmark) else saved
 
 
 EVAL_SEED_OFFSET = 10_000  # evaluation layouts come from seeds no demonstration command uses by default
@@ -111,7 +126,7 @@ def record_episode(task: str, episode: int, cfg: DemoConfig) -> dict:
                                                                   cfg.shadows)
     views = 1 if policy is None else policy.views
     wrist = cfg.wrist or views == 2  # a two-camera actor's rollouts keep its second camera (DAgger trains on them)
-    env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, None if libero else cfg.max_steps,
+    env = make_env(cfg.benchmark, task, cfg.image_size, cfg.camera, cfg.max_steps,
                    fast_render=not cfg.shadows, wrist=wrist)
     s = episode_seed(cfg.seed, task, episode)
     rng = np.random.default_rng(s)
