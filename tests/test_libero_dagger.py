@@ -80,7 +80,7 @@ def test_libero_recordings_record_the_protocols_step_limit(tmp_path):
     """A LIBERO recording or DAgger run says the limit its episodes ran (the protocol's); another is
     refused; runs saved before it was recorded (they say mw's 300) still resume."""
     from heisd.runtime.dagger import DaggerConfig, _jsonable, run_dagger
-    from heisd.runtime.episode_store import SETTINGS_FILE, EpisodeStore, partial_path
+    from heisd.runtime.episode_store import PER_EPISODE, SETTINGS_FILE, EpisodeStore, partial_path
     from heisd.targets.vla.checkpoint import CheckpointError
 
     assert DemoConfig((TASK,), 1, benchmark="libero_object").max_steps == 280
@@ -95,7 +95,7 @@ def test_libero_recordings_record_the_protocols_step_limit(tmp_path):
     old = partial_path(tmp_path / "demos")
     old.mkdir()
     (old / "kept.pkl.z").write_bytes(b"")
-    saved = {k: v for k, v in json.loads(json.dumps(cfg.__dict__)).items() if k not in ("tasks", "episodes")}
+    saved = {k: v for k, v in json.loads(json.dumps(cfg.__dict__)).items() if k not in PER_EPISODE}
     (old / SETTINGS_FILE).write_text(json.dumps({**saved, "max_steps": 300}))
     EpisodeStore(tmp_path / "demos", cfg)  # the same recording: resumed, nothing thrown away
     assert (old / "kept.pkl.z").exists()
