@@ -57,6 +57,27 @@ def test_sampled_layouts_are_recorded_only_where_used():
         EvalConfig(("reach-v3",), 2, sampled_layouts=True)
 
 
+def test_a_libero_run_records_no_mw_camera_and_older_runs_that_did_resume(tmp_path):
+    from heisd.errors import OutputError
+    from heisd.runtime.evaluation import EvalConfig, EvalRun
+
+    libero = EvalConfig((OBJECT_TASK,), 1, benchmark="libero_object", protocol="openvla")
+    assert "camera" not in libero.settings() and "camera" in EvalConfig(("reach-v3",), 1).settings()
+    with EvalRun("ar", libero, tmp_path / "new"):
+        pass
+    assert "camera" not in json.loads((tmp_path / "new" / "run.json").read_text())
+
+    old = tmp_path / "old"  # what heisd wrote before: mw's camera, never rendered on LIBERO
+    old.mkdir()
+    (old / "run.json").write_text(json.dumps({"method": "ar", **libero.settings(), "camera": "corner3"}))
+    with EvalRun("ar", libero, old):
+        pass
+    mw = EvalConfig(("reach-v3",), 1)  # on mw the camera is the frames: another one is another run
+    (old / "run.json").write_text(json.dumps({"method": "ar", **mw.settings(), "camera": "corner3"}))
+    with pytest.raises(OutputError, match="camera: corner3 -> corner"):
+        EvalRun("ar", mw, old)
+
+
 def test_rotate_180_flips_rows_and_columns():
     img = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     out = rotate_180(img)

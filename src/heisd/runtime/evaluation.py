@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from heisd.benchmarks.cameras import DEFAULT_CAMERA
+from heisd.benchmarks.registry import is_libero
 from heisd.data.views import observed_frame
 from heisd.errors import ConfigError, InputError
 from heisd.runtime import run_thresholds
@@ -43,7 +44,7 @@ class EvalConfig:
     max_steps: int = 300  # steps per episode (LIBERO: policy steps after the wait steps; registry.default_max_steps)
     execute: int = 0  # actions executed per inference (0 = the whole chunk)
     image_size: int = 128  # camera frame, pixels
-    camera: str = DEFAULT_CAMERA  # Meta-World camera
+    camera: str = DEFAULT_CAMERA  # Meta-World camera (LIBERO renders its own: not recorded there)
     benchmark: str = "mw"  # mw or a LIBERO suite (heisd.benchmarks.registry)
     protocol: str = "raw"  # the target's frame/action convention (TargetSpec.protocol; "openvla" on LIBERO)
     center_crop: bool = True  # openvla protocol: OpenVLA's 0.9-area center crop (run_libero_eval.py's default)
@@ -59,13 +60,22 @@ class EvalConfig:
                 raise ConfigError(f"EvalConfig.{name} must be >= {least}, got {getattr(self, name)}")
 
     def settings(self) -> dict:
-        """What run.json records and a resume must match (the crop only where a protocol applies it)."""
+        """What run.json records and a resume must match (the crop only where a protocol applies it, the
+        camera only on mw)."""
         settings = asdict(self)
+        if is_libero(self.benchmark):
+            del settings["camera"]
         if self.protocol != "openvla":
             del settings["center_crop"]
         if not self.sampled_layouts:  # runs recorded before the option existed resume as they were
             del settings["sampled_layouts"]
         return settings
+
+
+def ran_eval_settings(saved: dict) -> dict:
+    """A saved run.json as its episodes ran: LIBERO runs saved before the camera was left out say mw's,
+    which they never rendered."""
+    return {k: v for k, v in saved.items() if k != "camera"} if is_libero(saved.get("benchmark", "mw")) else saved
 
 
 def read_episodes(path: Path) -> list[dict]:
@@ -98,7 +108,7 @@ class EvalRun:
         self._held = ExitStack()
         self._held.enter_context(directory_lock(self.out))
         try:
-            check_run(self.out, {"method": label, **cfg.settings(), **(identity or {})})
+            check_run(self.out, {"method": label, **cfg.settings(), **(identity or {})}, ran_eval_settings)
             self.done = read_episodes(self.out / EPISODES_FILE)
         except BaseException:
             self.close()

@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from heisd.errors import OutputError
 from heisd.storage import OutputKind, recorded_path, write_json
@@ -89,14 +89,15 @@ def differences(old: dict, new: dict) -> list[str]:
             if a.get(key, missing) != b.get(key, missing)]
 
 
-def check_run(out: Path, record: dict) -> None:
-    """Write `out/run.json`, or refuse to continue a run recorded with anything else."""
+def check_run(out: Path, record: dict, as_ran: Callable[[dict], dict] = lambda saved: saved) -> None:
+    """Write `out/run.json`, or refuse to continue a run recorded with anything else (`as_ran`: the saved
+    record as its episodes ran, for records an older heisd wrote)."""
     record = json.loads(json.dumps(record))  # tuples -> lists, as read back
     path = Path(out) / RUN_FILE
     if not path.exists():
         write_json(path, record)
         return
-    diff = differences(json.loads(path.read_text()), record)
+    diff = differences(as_ran(json.loads(path.read_text())), record)
     if diff:
         shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
         raise OutputError(f"{out} holds a run with other settings ({shown}); resume it with the same "
