@@ -196,6 +196,32 @@ def test_save_load_round_trip(tmp_path, views):
     assert ("views" in json.loads((tmp_path / "config.json").read_text())) == (views == 2)
 
 
+def test_a_masked_state_value_is_read_neither_by_the_llm_nor_the_key(tmp_path):
+    model = tiny_model()
+    model.mask_state((3,))  # the gripper opening of mw's state
+    images, prompt, state, actions = inputs(model)
+    moved = state.clone()
+    moved[:, 3] += 5.0
+
+    def outputs(m, s):
+        with torch.no_grad():
+            return m.teacher_forced(images, prompt, s, actions).logits, m.retrieval_key(images, s)
+
+    for a, b in zip(outputs(model, state), outputs(model, moved)):
+        assert torch.equal(a, b)
+    moved[:, 0] += 5.0  # the end effector is still read
+    assert not torch.equal(outputs(model, state)[0], outputs(model, moved)[0])
+
+    model.save_pretrained(tmp_path / "masked")
+    loaded = VLA.from_pretrained(tmp_path / "masked")
+    assert loaded.config.masked_state == (3,) and torch.equal(outputs(loaded, moved)[1], outputs(model, moved)[1])
+    assert loaded.fingerprint() == model.fingerprint() != tiny_model().fingerprint()
+    tiny_model().save_pretrained(tmp_path / "plain")  # nothing masked: the config as before the option
+    assert "masked_state" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"masked_state must name distinct state values in \[0, 4\), got \[4\]"):
+        model.mask_state((4,))
+
+
 def test_bad_checkpoints_error_clearly(tmp_path):
     tiny_model().save_pretrained(tmp_path / "ok")
     with pytest.raises(CheckpointError, match="no VLA checkpoint"):
@@ -240,14 +266,15 @@ def write_demos(path: Path, n_episodes: int = 8, t: int = 12) -> None:
             g.create_dataset("obs/gripper_states", data=rng.uniform(size=(t, 1)).astype(np.float32))
 
 
-def run_train(demos: Path, out: Path, steps: int, resume: bool = False, benchmark: str = "mw") -> int:
+def run_train(demos: Path, out: Path, steps: int, resume: bool = False, benchmark: str = "mw",
+              extra: tuple[str, ...] = ()) -> int:
     from heisd.cli import main
 
     return main(["train-vla", "--benchmark", benchmark, "--demos", str(demos), "--out", str(out),
                  "--steps", str(steps), "--batch-size", "16", "--lr", "3e-3", "--warmup-steps", "5",
                  "--threads", "1", "--val-fraction", "0.25", "--eval-every", "10", "--save-every", "20",
                  "--hidden-size", "32", "--layers", "1", "--image-size", "16", "--vision-channels", "8,16",
-                 *(["--resume"] if resume else [])])
+                 *(["--resume"] if resume else []), *extra])
 
 
 def log(out: Path) -> list[dict]:
@@ -296,3 +323,20 @@ def test_training_lowers_loss_and_resume_continues_exactly(tmp_path, capsys):
     assert [r["step"] for r in log(split)] == [10, 20, 30, 40]
     assert log(split)[-1]["train_loss"] == pytest.approx(lines[-1]["train_loss"], rel=1e-6)
     assert VLA.from_pretrained(split).fingerprint() == VLA.from_pretrained(straight).fingerprint()
+
+
+def test_no_gripper_state_masks_it_when_training_and_fine_tuning(tmp_path, capsys):
+    demos = tmp_path / "demos.hdf5"
+    write_demos(demos)
+    assert run_train(demos, tmp_path / "plain", 10) == 0
+    assert VLA.from_pretrained(tmp_path / "plain").config.masked_state == ()
+    # fine-tuning a target that read it (a DAgger round's fine-tunes keep the mask: they start from the actor)
+    assert run_train(demos, tmp_path / "tuned", 10, extra=("--no-gripper-state", "--init-from",
+                                                            str(tmp_path / "plain"))) == 0
+    assert VLA.from_pretrained(tmp_path / "tuned").config.masked_state == (3,)  # after mw's end-effector xyz
+    assert json.loads((tmp_path / "tuned" / "train_info.json").read_text())["model_config"]["masked_state"] == [3]
+    assert run_train(demos, tmp_path / "tuned", 20, resume=True) == 0  # resumed without the flag: still masked
+    assert VLA.from_pretrained(tmp_path / "tuned").config.masked_state == (3,)
+    capsys.readouterr()
+    assert run_train(demos, tmp_path / "plain", 20, resume=True, extra=("--no-gripper-state",)) == 2
+    assert "--no-gripper-state on --resume: the run was started reading the gripper opening" in capsys.readouterr().err

@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init-from", type=Path, default=None,
                         help="fine-tune this checkpoint (weights, tokenizers, action bins; with --arch openvla an "
                              "OpenVLA checkpoint) instead of a new model; the model size flags are then ignored")
+    parser.add_argument("--no-gripper-state", action="store_true",
+                        help="vla: the target stops reading the gripper opening from the robot state (with "
+                             "--init-from too; it keeps the end effector's xyz): it must see when to close, where a "
+                             "target reading it learns to repeat it and chatters (BENCHMARKS 18.11)")
     parser.add_argument("--skip-invalid-episodes", action="store_true",
                         help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
     parser.add_argument("--workers", type=int, default=None,
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
                     overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
-                    init_from=args.init_from, device=str(device))
+                    init_from=args.init_from, device=str(device), mask_gripper=args.no_gripper_state)
     print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
     return 0
 
@@ -122,6 +126,9 @@ def _train_openvla(args: argparse.Namespace, cfg, device: str) -> dict:
     if args.wrist:
         raise UsageError("--wrist is heisd's small VLA's: an OpenVLA-architecture target reads agentview alone, as "
                          "OpenVLA does")
+    if args.no_gripper_state:
+        raise UsageError("--no-gripper-state is heisd's small VLA's: an OpenVLA-architecture target reads no robot "
+                         "state at all")
     if args.shift_pad is not None:
         raise UsageError("--shift-pad is heisd's small VLA's augmentation; --arch openvla trains with OpenVLA's random "
                          "crops (--crop-area)")

@@ -41,6 +41,9 @@ class DemoFormatError(InputError):
     """A demonstration file that does not follow the layout; the message names file and key."""
 
 
+EE_DIMS = 3  # `Episode.state` starts with the end effector's xyz, then the gripper opening
+
+
 @dataclass(frozen=True)
 class Episode:
     name: str

@@ -57,6 +57,7 @@ class EpisodeRecord:
     images: np.ndarray  # uint8 [T, S, S, 3], resized
     states: np.ndarray  # float32 [T, state_dim]
     actions: np.ndarray  # float32 [T, A]
+    gripper_width: int  # values of the gripper opening in the state, after the end effector's xyz (`Episode.state`)
 
 
 def read_episodes(paths: Sequence[str | Path], image_size: int, benchmark: str | None = None,
@@ -91,7 +92,7 @@ def read_episodes(paths: Sequence[str | Path], image_size: int, benchmark: str |
 
 def _record(name: str, ep: Episode, image_size: int, views: int) -> EpisodeRecord:
     images = resize_views(torch.from_numpy(ep.frames(views)), image_size, views).numpy()
-    return EpisodeRecord(name, ep.task, ep.instruction, images, ep.state, ep.actions)
+    return EpisodeRecord(name, ep.task, ep.instruction, images, ep.state, ep.actions, ep.gripper.shape[1])
 
 
 def chunk_targets(actions: np.ndarray, chunk: int) -> np.ndarray:

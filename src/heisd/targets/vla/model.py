@@ -48,6 +48,9 @@ class VLAConfig:
     rope_theta: float = 10000.0  # RoPE base
     vocab_multiple: int = 64  # embedding rows padded to a multiple (OpenVLA: 32000 -> 32064); pad ids are never actions
     views: int = 1  # cameras read: 1 = agentview (mw: its camera), 2 = agentview and LIBERO's wrist camera
+    # state values the target never reads (zeroed once normalized, for the LLM and the retrieval key alike):
+    # without the gripper opening it must see when to close (BENCHMARKS 18.11: with it, it copies it)
+    masked_state: tuple[int, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -76,6 +79,10 @@ class VLAConfig:
         d["vision_channels"] = list(self.vision_channels)
         if self.views == 1:  # written only when two: a one-camera checkpoint's config and fingerprint stay as they were
             del d["views"]
+        if self.masked_state:  # likewise written only when some are masked
+            d["masked_state"] = list(self.masked_state)
+        else:
+            del d["masked_state"]
         return d
 
     @classmethod
@@ -86,8 +93,9 @@ class VLAConfig:
             raise ValueError(f"unknown VLAConfig fields: {sorted(unknown)}")
         check_types(cls, d, "VLAConfig")
         d = dict(d)
-        if "vision_channels" in d:
-            d["vision_channels"] = tuple(d["vision_channels"])
+        for key in ("vision_channels", "masked_state"):
+            if key in d:
+                d[key] = tuple(d[key])
         return cls(**d)
 
     def validate(self) -> None:
@@ -95,6 +103,10 @@ class VLAConfig:
             raise ValueError(f"image_size {self.image_size} not divisible by 2**{len(self.vision_channels)}")
         if self.views not in VIEWS:
             raise ValueError(f"views must be one of {VIEWS} (agentview, and the wrist camera), got {self.views}")
+        if len(set(self.masked_state)) != len(self.masked_state) or not all(
+                0 <= i < self.state_dim for i in self.masked_state):
+            raise ValueError(f"masked_state must name distinct state values in [0, {self.state_dim}), "
+                             f"got {list(self.masked_state)}")
         if self.hidden_size % self.n_heads:
             raise ValueError(f"hidden_size {self.hidden_size} not divisible by n_heads {self.n_heads}")
 
@@ -155,6 +167,8 @@ class VLA(nn.Module):
         # not persistent: norm_stats.json is the single record of these numbers
         self.register_buffer("state_mean", torch.tensor(norm_stats.state_mean, dtype=torch.float32), persistent=False)
         self.register_buffer("state_std", torch.tensor(norm_stats.state_std, dtype=torch.float32), persistent=False)
+        self.register_buffer("state_read", torch.ones(config.state_dim), persistent=False)
+        self.mask_state(config.masked_state)
         self._pinned_fingerprint: str | None = None  # see pin_fingerprint
 
     @property
@@ -201,8 +215,16 @@ class VLA(nn.Module):
         """None stands for no state values (`TargetSpec.state_input` of a model with state_dim 0)."""
         return torch.zeros(batch, 0) if state is None else state
 
+    def mask_state(self, dims: tuple[int, ...]) -> None:
+        """Stop reading the state values `dims` (`VLAConfig.masked_state`; fine-tuning may mask more)."""
+        self.config.masked_state = tuple(dims)
+        self.config.validate()
+        self.state_read.fill_(1.0)
+        self.state_read[list(dims)] = 0.0
+
     def _normalized_state(self, state: torch.Tensor) -> torch.Tensor:
-        return (state.to(self.state_mean.device).float() - self.state_mean.float()) / self.state_std.float()
+        normalized = (state.to(self.state_mean.device).float() - self.state_mean.float()) / self.state_std.float()
+        return normalized * self.state_read
 
     def prefix_embeds(self, images: torch.Tensor, prompt_ids: torch.Tensor,
                       state: torch.Tensor | None) -> torch.Tensor:

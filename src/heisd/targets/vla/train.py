@@ -18,14 +18,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from heisd.data.dataset import compute_action_stats
+from heisd.data.dataset import EE_DIMS, compute_action_stats
 from heisd.errors import InputError, UsageError
 from heisd.storage import (OutputKind, append_text, atomic_file, check_output, clear_output, directory_lock,
                            recorded_command, recorded_path, strict_json, write_json, write_text)
 from heisd.storage.guard import has_file, json_with
 from heisd.targets.base import TeacherForced
 from heisd.targets.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
-from heisd.targets.vla.frames import EpochSampler, Frames, build_frames, read_episodes
+from heisd.targets.vla.frames import EpisodeRecord, EpochSampler, Frames, build_frames, read_episodes
 from heisd.targets.vla.model import VLA, NormStats, VLAConfig
 from heisd.targets.vla.text_tokenizer import TextTokenizer
 
@@ -179,6 +179,21 @@ def _initial_model(directory: Path, chunk: int) -> VLA:
     return model
 
 
+def _mask_gripper(model: VLA, records: Sequence[EpisodeRecord], resumed: bool) -> None:
+    """Stop the model reading the gripper opening (new, fine-tuned: `VLAConfig.masked_state`); a
+    resumed run keeps what it was started with."""
+    widths = {r.gripper_width for r in records}
+    if len(widths) != 1:
+        raise InputError(f"the demonstrations record the gripper with different widths ({sorted(widths)})")
+    dims = tuple(range(EE_DIMS, EE_DIMS + widths.pop()))
+    if resumed:
+        if not set(dims) <= set(model.config.masked_state):
+            raise UsageError("--no-gripper-state on --resume: the run was started reading the gripper opening "
+                             "(resume it without the flag, or start another run)")
+        return
+    model.mask_state(tuple(sorted(set(model.config.masked_state) | set(dims))))
+
+
 @dataclass
 class TrainingSetup:
     """What a training run needs besides its config: the model kind's own part (heisd's VLA here,
@@ -214,7 +229,7 @@ def check_resumed_data(state: dict | None, data: dict) -> None:
 
 def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides: dict, resume: bool,
            benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
-           init_from: Path | None) -> tuple[TrainingSetup, TrainConfig]:
+           init_from: Path | None, mask_gripper: bool) -> tuple[TrainingSetup, TrainConfig]:
     state, model = None, None
     if init_from is not None and not resume:
         model = _initial_model(init_from, chunk)
@@ -226,6 +241,8 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
     records, dropped, invalid = read_episodes(paths, config.image_size, benchmark, skip_invalid, config.views)
     if model is None:
         model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions, skip_invalid)
+    if mask_gripper:
+        _mask_gripper(model, records, resumed=resume)
     train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)
     frames = [build_frames([records[i] for i in eps], model.text_tokenizer, model.action_tokenizer,
                            model.config.chunk) if eps else None for eps in (train_eps, val_eps)]
@@ -239,7 +256,7 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
 def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
           resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = (),
           overwrite: bool = False, skip_invalid: bool = False, init_from: Path | None = None,
-          device: str = "cpu") -> dict:
+          device: str = "cpu", mask_gripper: bool = False) -> dict:
     """Train (or resume) and return the last logged metrics.
 
     `instructions`: extra instructions (the benchmark's task registry) for the text tokenizer,
@@ -251,11 +268,12 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     tokenizers, normalization: fine-tuning, e.g. a DAgger round) instead of a new model.
     `device`: where the model and all frames live while training (the saved files are the same);
     a run resumed on another device continues the same schedule, not the same random stream.
+    `mask_gripper`: the model stops reading the gripper opening (`VLAConfig.masked_state`).
     """
     def body() -> dict:
         started = time.perf_counter()
         setup, run_cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions,
-                                skip_invalid, init_from)
+                                skip_invalid, init_from, mask_gripper)
         return fit(setup, out, run_cfg, paths, init_from, torch.device(device), started)
 
     return guarded_run(Path(out), TRAINING_RUN, resume, overwrite, body)
