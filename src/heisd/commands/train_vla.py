@@ -42,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "OpenVLA checkpoint) instead of a new model; the model size flags are then ignored")
     parser.add_argument("--no-gripper-state", action="store_true",
                         help="vla: the target stops reading the gripper opening from the robot state (with "
-                             "--init-from too; it keeps the end effector's xyz): it must see when to close, where a "
-                             "target reading it learns to repeat it and chatters (BENCHMARKS 18.11)")
+                             "--init-from too; it keeps the end effector's xyz), so the frames alone decide when to "
+                             "close (targets that read it mostly repeat it; on LIBERO-10 a fine-tune without it "
+                             "chattered more: BENCHMARKS 18.11)")
     parser.add_argument("--skip-invalid-episodes", action="store_true",
                         help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
     parser.add_argument("--workers", type=int, default=None,

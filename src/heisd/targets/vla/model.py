@@ -49,7 +49,7 @@ class VLAConfig:
     vocab_multiple: int = 64  # embedding rows padded to a multiple (OpenVLA: 32000 -> 32064); pad ids are never actions
     views: int = 1  # cameras read: 1 = agentview (mw: its camera), 2 = agentview and LIBERO's wrist camera
     # state values the target never reads (zeroed once normalized, for the LLM and the retrieval key alike):
-    # without the gripper opening it must see when to close (BENCHMARKS 18.11: with it, it copies it)
+    # without the gripper opening the frames alone decide when to close (`train-vla --no-gripper-state`)
     masked_state: tuple[int, ...] = ()
 
     @property
