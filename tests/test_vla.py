@@ -220,6 +220,7 @@ def test_a_masked_state_value_is_read_neither_by_the_llm_nor_the_key(tmp_path):
     assert "masked_state" not in json.loads((tmp_path / "plain" / "config.json").read_text())
     with pytest.raises(ValueError, match=r"masked_state must name distinct state values in \[0, 4\), got \[4\]"):
         model.mask_state((4,))
+    assert model.config.masked_state == (3,) and model.state_read.tolist() == [1, 1, 1, 0]  # left as it was
 
 
 def test_bad_checkpoints_error_clearly(tmp_path):

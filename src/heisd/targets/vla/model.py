@@ -216,9 +216,10 @@ class VLA(nn.Module):
         return torch.zeros(batch, 0) if state is None else state
 
     def mask_state(self, dims: tuple[int, ...]) -> None:
-        """Stop reading the state values `dims` (`VLAConfig.masked_state`; fine-tuning may mask more)."""
+        """Stop reading the state values `dims` (`VLAConfig.masked_state`; fine-tuning may mask more).
+        Bad `dims` are refused before anything changes."""
+        dataclasses.replace(self.config, masked_state=tuple(dims)).validate()
         self.config.masked_state = tuple(dims)
-        self.config.validate()
         self.state_read.fill_(1.0)
         self.state_read[list(dims)] = 0.0
 
