@@ -126,3 +126,31 @@ def test_acceptance_length_and_rates_by_position_by_hand():
     assert m["acceptance_rate_by_position"] == [1.0, 1.0, 0.5]
     ar = acceptance_metrics([{"accepted": [[0, 0]], "draft_depth": [[0, 0]]}])
     assert ar == {"acceptance_length": 1.0, "drafted_passes": 0, "acceptance_rate_by_position": []}
+
+
+def test_gripper_switches_count_sign_changes_of_the_executed_gripper_command():
+    """Steps of executed actions (chunks of 1 or 2): gripper -1, -1, +1 | +1, 0, -1 | +1 -> three
+    switches (a zero command is skipped, so +1, 0, -1 is one). The summary gives the medians per
+    task and by outcome, and leaves them out for episodes recorded without their actions."""
+    from heisd.runtime.metrics import gripper_switches, summarize
+
+    actions = [[[0.1, -1.0], [0.0, -1.0]], [[0.2, 1.0]], [[0.0, 1.0], [0.0, 0.0]], [[0.0, -1.0]], [[0.0, 1.0]]]
+    assert gripper_switches(actions) == 3 and gripper_switches([]) == 0
+    assert gripper_switches([[[0.0, 0.5]], [[0.0, 0.9]]]) == 0
+
+    def line(task, success, switch_actions):
+        steps = {k: [v] for k, v in {"latency_ms": 1.0, "target_forwards": 7, "tokens_per_forward": 1.0,
+                                     "skipped": False, "mode": "ar"}.items()}
+        steps.update(breakdown_ms={k: [0.0] for k in BREAKDOWN_KEYS}, accepted=[[0]], draft_depth=[[0]])
+        if switch_actions is not None:
+            steps["actions"] = switch_actions
+        return {"task": task, "success": success, "steps": steps}
+
+    flips = lambda n: [[[0.0, (-1.0) ** k]] for k in range(n + 1)]  # noqa: E731
+    s = summarize("ar", "libero_10", [line("a", True, flips(2)), line("a", False, flips(9)),
+                                      line("b", False, flips(30)), line("b", False, None)])
+    assert s["per_task"]["a"]["gripper_switches_median"] == 5.5
+    assert s["per_task"]["b"]["gripper_switches_median"] == 30.0
+    assert s["gripper_switches"] == {"median": 9.0, "successes_median": 2.0, "failures_median": 19.5}
+    old = summarize("ar", "libero_10", [line("a", True, None)])
+    assert "gripper_switches" not in old and "gripper_switches_median" not in old["per_task"]["a"]

@@ -102,17 +102,39 @@ def summarize(method: str, benchmark: str, episodes: list[dict]) -> dict:
     """summary.json from episode lines: every number pooled over all control steps."""
     if not episodes:
         raise ValueError("no finished episodes to summarize")
+    # runs recorded before the executed actions were kept have no switches to count
+    switches = [gripper_switches(e["steps"]["actions"]) if "actions" in e["steps"] else None for e in episodes]
     per_task: dict[str, dict] = {}
-    for e in episodes:
-        t = per_task.setdefault(e["task"], {"successes": 0, "episodes": 0})
+    for e, n in zip(episodes, switches):
+        t = per_task.setdefault(e["task"], {"successes": 0, "episodes": 0, "switches": []})
         t["successes"] += int(e["success"])
         t["episodes"] += 1
-    return {
+        if n is not None:
+            t["switches"].append(n)
+    summary = {
         "method": method,
         "benchmark": benchmark,
         "episodes": len(episodes),
         "sr": float(np.mean([e["success"] for e in episodes])),
-        "per_task": {k: {"sr": v["successes"] / v["episodes"], "episodes": v["episodes"]}
+        "per_task": {k: {"sr": v["successes"] / v["episodes"], "episodes": v["episodes"],
+                         **({"gripper_switches_median": float(np.median(v["switches"]))} if v["switches"] else {})}
                      for k, v in sorted(per_task.items())},
         **decoding_metrics([e["steps"] for e in episodes]),
     }
+    by_outcome = {ok: [n for e, n in zip(episodes, switches) if n is not None and e["success"] == ok]
+                  for ok in (True, False)}
+    if by_outcome[True] or by_outcome[False]:
+        summary["gripper_switches"] = {
+            "median": float(np.median(by_outcome[True] + by_outcome[False])),
+            **{f"{name}_median": float(np.median(by_outcome[ok]))
+               for name, ok in (("successes", True), ("failures", False)) if by_outcome[ok]}}
+    return summary
+
+
+def gripper_switches(actions: list[list[list[float]]]) -> int:
+    """How often the executed gripper command (each action's last value) changed sign in one
+    episode's `steps["actions"]`: a policy that flips it every few steps never holds an object
+    (BENCHMARKS 18.10), where the experts switch it a few times per task."""
+    signs = np.sign([action[-1] for step in actions for action in step])
+    signs = signs[signs != 0]  # a zero command (Meta-World's idle effort) is neither
+    return int(np.count_nonzero(np.diff(signs)))
