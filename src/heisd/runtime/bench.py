@@ -133,8 +133,7 @@ def run_bench(target, configs: list[MethodConfig], cfg: EvalConfig, out: Path, p
         for run, policy in zip(runs, policies):
             run.attach(policy)
         pending = [set(run.pending()) for run in runs]
-        jobs = [(t, i, ks) for t in cfg.tasks for i in range(cfg.episodes)
-                if (ks := tuple(k for k in range(len(runs)) if (t, i) in pending[k]))]
+        jobs = [(t, i, ks) for t, i in cfg.jobs() if (ks := tuple(k for k in range(len(runs)) if (t, i) in pending[k]))]
         here = EpisodeWorker(policies, cfg, str(out), [run.out / MUJOCO_LOG for run in runs])
         setup = None if make_target is None else partial(
             episode_worker, partial(_remote_policies, make_target, configs, record_options), cfg, str(out),

@@ -71,6 +71,12 @@ class EvalConfig:
             del settings["sampled_layouts"]
         return settings
 
+    def jobs(self) -> list[tuple[str, int]]:
+        """Every (task, episode) of the run, episode by episode across the tasks: a run stopped
+        part way keeps the same episodes of every task, a subset whose success rate still speaks
+        for the suite (each episode's layout comes from its seed, so the order changes no episode)."""
+        return [(t, i) for i in range(self.episodes) for t in self.tasks]
+
 
 def ran_eval_settings(saved: dict) -> dict:
     """A saved run.json as its episodes ran: LIBERO runs saved before the camera was left out say mw's,
@@ -133,7 +139,7 @@ class EvalRun:
 
     def pending(self) -> list[tuple[str, int]]:
         finished = {(e["task"], e["episode"]) for e in self.done}
-        return [(t, i) for t in self.cfg.tasks for i in range(self.cfg.episodes) if (t, i) not in finished]
+        return [job for job in self.cfg.jobs() if job not in finished]
 
     def record(self, line: dict) -> dict:
         """Append a finished episode's line (from any worker) to episodes.jsonl; MuJoCo warnings a
