@@ -131,8 +131,8 @@ def test_acceptance_length_and_rates_by_position_by_hand():
 
 
 def test_gripper_switches_count_sign_changes_of_the_executed_gripper_command():
-    """Steps of executed actions (chunks of 1 or 2): gripper -1, -1, +1 | +1, 0, -1 | +1 -> three
-    switches (a zero command is skipped, so +1, 0, -1 is one). The summary gives the medians per
+    """Steps of executed actions (chunks of 1 or 2) with grippers [-1, -1], [+1], [+1, 0], [-1], [+1]:
+    three switches (a zero command is skipped, so +1, 0, -1 is one). The summary gives the medians per
     task and by outcome, and leaves them out for episodes recorded without their actions."""
     from heisd.runtime.metrics import gripper_switches, summarize
 
