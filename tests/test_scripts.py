@@ -1,0 +1,81 @@
+"""`scripts/libero10.sh`, LIBERO-10's whole chain: run with a stand-in `heisd` that logs its
+arguments, every command line it would run must parse with heisd's own parser and pass its flag
+checks, stages whose outputs are complete are skipped, a cut-off training resumes, and a wrong
+stage is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from heisd.commands.runner import _subparser, build_parser
+from heisd.flags import check_args
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "libero10.sh"
+TASK_0 = "LIVING_ROOM_SCENE2_put_both_the_alphabet_soup_and_the_tomato_sauce_in_the_basket"
+
+
+def _run(tmp_path: Path, *stages: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    log = tmp_path / "calls.jsonl"
+    stand_in = tmp_path / "heisd"
+    stand_in.write_text(f'#!{sys.executable}\nimport json, sys\n'
+                        f'open({str(log)!r}, "a").write(json.dumps(sys.argv[1:]) + "\\n")\n')
+    stand_in.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "work"), "HEISD": str(stand_in), "PY": sys.executable}
+    done = subprocess.run(["bash", str(SCRIPT), *stages], env=env, capture_output=True, text=True, timeout=120)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return done, calls
+
+
+def _demo(work: Path, folder: str, task: str = TASK_0) -> None:
+    (work / "demos" / folder).mkdir(parents=True, exist_ok=True)
+    (work / "demos" / folder / f"{task}_demo.hdf5").write_bytes(b"")
+
+
+def test_every_command_line_parses_and_finished_recordings_are_skipped(tmp_path, monkeypatch) -> None:
+    work = tmp_path / "work"
+    _demo(work, "l10w_s0")  # task 0's files are there: only the other 9 tasks are recorded
+    _demo(work, "l10w_heldout")
+    done, calls = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(work)  # the commands' paths are relative to OUT
+    commands = [c[0] for c in calls]
+    assert commands == ["demos"] * (9 + 2 + 9) + ["train-vla", "dagger", "eval", "train-drafter",
+                                                   "build-datastore", "calibrate", "bench", "bench"]
+    for argv in calls:
+        parser, _ = build_parser(argv[0])
+        args = parser.parse_args(argv)
+        check_args(_subparser(parser, args.command), args)
+    recorded = [c[c.index("--tasks") + 1] for c in calls if c[0] == "demos" and "demos/l10w_s0" in c]
+    assert TASK_0 not in recorded and len(set(recorded)) == 9
+    train = next(c for c in calls if c[0] == "train-vla")
+    assert "--resume" not in train and "demos/l10w_s0/" + TASK_0 + "_demo.hdf5" in train
+    halves = [c[c.index("--tasks") + 1:c.index("--episodes")] for c in calls if c[0] == "bench"]
+    assert sorted(len(h) for h in halves) == [5, 5] and len(set(halves[0]) | set(halves[1])) == 10
+
+
+def test_a_cut_off_training_resumes_and_a_finished_one_is_skipped(tmp_path) -> None:
+    work = tmp_path / "work"
+    _demo(work, "l10w_s0")
+    (work / "l10w_bc").mkdir(parents=True)
+    (work / "l10w_bc" / "train_state.pt").write_bytes(b"")
+    (work / "l10w_bc" / "train_info.json").write_text(json.dumps({"step": 3500}))
+    done, calls = _run(tmp_path, "bc")
+    assert done.returncode == 0, done.stderr
+    assert [c[0] for c in calls] == ["train-vla"] and "--resume" in calls[0]
+    (work / "l10w_bc" / "train_info.json").write_text(json.dumps({"step": 6000}))
+    (tmp_path / "calls.jsonl").unlink()
+    done, calls = _run(tmp_path, "bc")
+    assert done.returncode == 0 and calls == []
+
+
+@pytest.mark.parametrize("stages, message", [(("nope",), "unknown stage 'nope'"),
+                                             (("bc",), "no demonstrations")])
+def test_bad_stages_are_refused_before_anything_runs(tmp_path, stages, message) -> None:
+    done, calls = _run(tmp_path, "demos", *stages) if stages == ("nope",) else _run(tmp_path, *stages)
+    assert done.returncode == 2 and message in done.stderr and calls == []
