@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # LIBERO-10's row of BENCHMARKS 17.4 from nothing, with the project's own commands: the wrist-camera
 # demonstrations (BENCHMARKS 18.9), the behaviour-cloned target and one DAgger round (18.10), the
-# 100-episode AR evaluation on init states 0-9, the drafter, datastore and calibration (as 18.3) and
-# the bench (as 17.3: the suite's two halves at the same time, init states 0-2 of every task).
+# drafter, datastore and calibration (as 18.3), the bench (as 17.3: the suite's two halves at the
+# same time, init states 0-2 of every task), then the 100-episode AR evaluation on init states 0-9
+# (last: the bench's row does not need it).
 #
 #   bash scripts/libero10.sh [STAGE ...]       # default: every stage, in order
 #
-# Stages: demos bc dagger eval drafter datastore calibrate bench. Every stage resumes: one whose
+# Stages: demos bc dagger drafter datastore calibrate bench eval. Every stage resumes: one whose
 # output is complete is skipped and one that was cut off continues (a task's recording from its
 # OUT.partial, training from its last checkpoint, DAgger from its kept rollouts, eval and bench from
 # their finished episodes), so a killed run is started again with the same command.
@@ -22,7 +23,7 @@ PY=${PY:-$ROOT/.venv/bin/python}
 OUT=${OUT:-outputs/libero10}
 WORKERS=${WORKERS:-2}
 STAGES=("$@")
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(demos bc dagger eval drafter datastore calibrate bench)
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(demos bc dagger drafter datastore calibrate bench eval)
 [ -x "$HEISD" ] || { echo "no $HEISD: run 'make install' first" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$OUT"
@@ -115,7 +116,7 @@ stage_bench() {  # the two halves at the same time, one core each
 }
 
 for s in "${STAGES[@]}"; do
-  declare -F "stage_$s" > /dev/null || { echo "unknown stage '$s'; stages: demos bc dagger eval drafter datastore calibrate bench" >&2; exit 2; }
+  declare -F "stage_$s" > /dev/null || { echo "unknown stage '$s'; stages: demos bc dagger drafter datastore calibrate bench eval" >&2; exit 2; }
 done
 for s in "${STAGES[@]}"; do
   echo "== $s ($(date -u +%H:%M:%S) UTC)"

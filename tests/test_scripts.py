@@ -45,8 +45,8 @@ def test_every_command_line_parses_and_finished_recordings_are_skipped(tmp_path,
     assert done.returncode == 0, done.stderr
     monkeypatch.chdir(work)  # the commands' paths are relative to OUT
     commands = [c[0] for c in calls]
-    assert commands == ["demos"] * (9 + 2 + 9) + ["train-vla", "dagger", "eval", "train-drafter",
-                                                   "build-datastore", "calibrate", "bench", "bench"]
+    assert commands == ["demos"] * (9 + 2 + 9) + ["train-vla", "dagger", "train-drafter", "build-datastore",
+                                                   "calibrate", "bench", "bench", "eval"]
     for argv in calls:
         parser, _ = build_parser(argv[0])
         args = parser.parse_args(argv)
