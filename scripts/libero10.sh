@@ -113,6 +113,20 @@ stage_bench() {  # the two halves at the same time, one core each
   done
   for p in "${pids[@]}"; do wait "$p" || { echo "a bench half failed: see $OUT/bench_*.log" >&2; exit 1; }; done
   echo "bench reports: $OUT/bench/a/report.md $OUT/bench/b/report.md"
+  [ -f bench/a/bench.json ] && [ -f bench/b/bench.json ] && row
+  return 0
+}
+row() {  # BENCHMARKS 17.4's row from the two halves: successes over both, speedup and AL per half
+  "$PY" - <<'PY'
+import json
+a, b = (json.load(open(f"bench/{h}/bench.json")) for h in "ab")
+for ra, rb in zip(a, b, strict=True):
+    assert ra["method"] == rb["method"], "the halves benched other methods"
+    wins = round(ra["sr"] * ra["episodes"]) + round(rb["sr"] * rb["episodes"])
+    n = ra["episodes"] + rb["episodes"]
+    print(f"{ra['method']}: {wins}/{n} ({100 * wins / n:.1f}%), speedup {ra['speedup']:.2f}x / {rb['speedup']:.2f}x, "
+          f"AL {ra['acceptance_length']:.2f} / {rb['acceptance_length']:.2f}")
+PY
 }
 
 for s in "${STAGES[@]}"; do

@@ -1,7 +1,7 @@
 """`scripts/libero10.sh`, LIBERO-10's whole chain: run with a stand-in `heisd` that logs its
 arguments, every command line it would run must parse with heisd's own parser and pass its flag
-checks, stages whose outputs are complete are skipped, a cut-off training resumes, and a wrong
-stage is refused."""
+checks, stages whose outputs are complete are skipped, a cut-off training resumes, a wrong stage
+is refused, and the bench stage prints BENCHMARKS 17.4's row from its two halves."""
 
 from __future__ import annotations
 
@@ -79,3 +79,17 @@ def test_a_cut_off_training_resumes_and_a_finished_one_is_skipped(tmp_path) -> N
 def test_bad_stages_are_refused_before_anything_runs(tmp_path, stages, message) -> None:
     done, calls = _run(tmp_path, "demos", *stages) if stages == ("nope",) else _run(tmp_path, *stages)
     assert done.returncode == 2 and message in done.stderr and calls == []
+
+
+def test_the_bench_stage_prints_the_row_from_both_halves(tmp_path) -> None:
+    work = tmp_path / "work"
+    for half, (sr, speedup) in {"a": (0.6, 1.25), "b": (0.8, 1.5)}.items():
+        (work / "bench" / half).mkdir(parents=True)
+        rows = [{"method": m, "episodes": 5, "sr": sr, "speedup": speedup if m == "heisd" else 1.0,
+                 "acceptance_length": 4.5 if m == "heisd" else 1.0} for m in ("ar", "heisd")]
+        (work / "bench" / half / "bench.json").write_text(json.dumps(rows))
+    done, calls = _run(tmp_path, "bench")
+    assert done.returncode == 0, done.stderr
+    assert [c[0] for c in calls] == ["bench", "bench"]
+    assert "ar: 7/10 (70.0%), speedup 1.00x / 1.00x, AL 1.00 / 1.00" in done.stdout
+    assert "heisd: 7/10 (70.0%), speedup 1.25x / 1.50x, AL 4.50 / 4.50" in done.stdout
