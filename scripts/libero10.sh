@@ -46,6 +46,9 @@ TARGET=dag_l10w/round_1/vla
 trained_to() {  # DIR STEPS: has the training run in DIR saved its checkpoint at step STEPS?
   [ -f "$1/train_info.json" ] && "$PY" -c "import json,sys; sys.exit(json.load(open('$1/train_info.json'))['step'] != $2)"
 }
+need() {  # DIR STEPS STAGE: refuse to build on a training that has not finished
+  trained_to "$1" "$2" || { echo "$1 has not finished its $2 steps: run the $3 stage first" >&2; exit 2; }
+}
 record() {  # OUT TASK EPISODES SEED NOISE: one task's demonstrations, unless its file is there
   [ -f "$1/$2_demo.hdf5" ] || "$HEISD" demos --benchmark libero_10 --tasks "$2" --episodes "$3" --seed "$4" \
     --noise "$5" --image-size 128 --wrist --workers "$WORKERS" --out "$1"
@@ -76,32 +79,33 @@ stage_bc() {
 stage_dagger() {
   demos_present
   trained_to "$TARGET" 3000 && return
+  need l10w_bc 6000 bc
   "$HEISD" dagger --benchmark libero_10 --init l10w_bc --demos "${DEMOS[@]}" --tasks all --out dag_l10w \
     --episodes 6 --rounds 1 --steps 3000 --lr 3e-4 --threads 2 --workers "$WORKERS"
 }
-stage_eval() {
-  "$HEISD" eval --benchmark libero_10 --method ar --target "$TARGET" --tasks all --episodes 10 --seed 0 \
-    --threads 1 --ray --ray-workers "$WORKERS" --out eval/ar
-}
 stage_drafter() {
   demos_present
+  need "$TARGET" 3000 dagger
   [ -f l10w_drafter/model.safetensors ] && return
   "$HEISD" train-drafter --target "$TARGET" --demos "${DEMOS[@]}" --out l10w_drafter --max-frames 8000 \
     --steps 2000 --batch-size 128 --threads 2
 }
 stage_datastore() {
   demos_present
+  need "$TARGET" 3000 dagger
   [ -f datastore_l10w/manifest.json ] && return
   "$HEISD" build-datastore --benchmark libero_10 --target "$TARGET" --demos "${DEMOS[@]}" --out datastore_l10w \
     --threads 2
 }
 stage_calibrate() {
+  need "$TARGET" 3000 dagger
   [ -f datastore_l10w/manifest.json ] && "$PY" -c \
     "import json,sys; sys.exit('hybrid' not in json.load(open('datastore_l10w/manifest.json'))['extras'])" && return
   "$HEISD" calibrate --target "$TARGET" --datastore datastore_l10w --demos demos/l10w_heldout/*.hdf5 \
     --drafter l10w_drafter --threads 2
 }
 stage_bench() {  # the two halves at the same time, one core each
+  need "$TARGET" 3000 dagger
   local pids=() tasks half p
   for half in a b; do
     if [ $half = a ]; then tasks=("${TASKS[@]:0:5}"); else tasks=("${TASKS[@]:5:5}"); fi
@@ -115,6 +119,11 @@ stage_bench() {  # the two halves at the same time, one core each
   echo "bench reports: $OUT/bench/a/report.md $OUT/bench/b/report.md"
   [ -f bench/a/bench.json ] && [ -f bench/b/bench.json ] && row
   return 0
+}
+stage_eval() {
+  need "$TARGET" 3000 dagger
+  "$HEISD" eval --benchmark libero_10 --method ar --target "$TARGET" --tasks all --episodes 10 --seed 0 \
+    --threads 1 --ray --ray-workers "$WORKERS" --out eval/ar
 }
 row() {  # BENCHMARKS 17.4's row from the two halves: successes over both, speedup and AL per half
   "$PY" - <<'PY'

@@ -1,7 +1,8 @@
 """`scripts/libero10.sh`, LIBERO-10's whole chain: run with a stand-in `heisd` that logs its
 arguments, every command line it would run must parse with heisd's own parser and pass its flag
-checks, stages whose outputs are complete are skipped, a cut-off training resumes, a wrong stage
-is refused, and the bench stage prints BENCHMARKS 17.4's row from its two halves."""
+checks, stages whose outputs are complete are skipped, a cut-off training resumes, a wrong stage or
+one that would build on an unfinished training is refused, and the bench stage prints BENCHMARKS
+17.4's row from its two halves."""
 
 from __future__ import annotations
 
@@ -20,11 +21,23 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "libero10.sh"
 TASK_0 = "LIVING_ROOM_SCENE2_put_both_the_alphabet_soup_and_the_tomato_sauce_in_the_basket"
 
 
+# logs its arguments; a training "finishes" (its train_info.json at its last step), as the stages check
+STAND_IN = """
+from pathlib import Path
+argv = sys.argv[1:]
+open(log, "a").write(json.dumps(argv) + "\\n")
+flag = lambda name: argv[argv.index(name) + 1]
+if argv[0] in ("train-vla", "dagger"):
+    out = Path(flag("--out")) / (f"round_{flag('--rounds')}/vla" if argv[0] == "dagger" else "")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_info.json").write_text(json.dumps({"step": int(flag("--steps"))}))
+"""
+
+
 def _run(tmp_path: Path, *stages: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     log = tmp_path / "calls.jsonl"
     stand_in = tmp_path / "heisd"
-    stand_in.write_text(f'#!{sys.executable}\nimport json, sys\n'
-                        f'open({str(log)!r}, "a").write(json.dumps(sys.argv[1:]) + "\\n")\n')
+    stand_in.write_text(f"#!{sys.executable}\nimport json, sys\nlog = {str(log)!r}\n" + STAND_IN)
     stand_in.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "work"), "HEISD": str(stand_in), "PY": sys.executable}
     done = subprocess.run(["bash", str(SCRIPT), *stages], env=env, capture_output=True, text=True, timeout=120)
@@ -81,8 +94,21 @@ def test_bad_stages_are_refused_before_anything_runs(tmp_path, stages, message) 
     assert done.returncode == 2 and message in done.stderr and calls == []
 
 
+def test_a_stage_never_builds_on_an_unfinished_training(tmp_path) -> None:
+    work = tmp_path / "work"
+    _demo(work, "l10w_s0")
+    (work / "l10w_bc").mkdir(parents=True)
+    (work / "l10w_bc" / "train_info.json").write_text(json.dumps({"step": 3500}))
+    for stage, message in (("dagger", "l10w_bc has not finished its 6000 steps: run the bc stage first"),
+                           ("bench", "dag_l10w/round_1/vla has not finished its 3000 steps: run the dagger stage")):
+        done, calls = _run(tmp_path, stage)
+        assert done.returncode == 2 and message in done.stderr and calls == []
+
+
 def test_the_bench_stage_prints_the_row_from_both_halves(tmp_path) -> None:
     work = tmp_path / "work"
+    (work / "dag_l10w" / "round_1" / "vla").mkdir(parents=True)
+    (work / "dag_l10w" / "round_1" / "vla" / "train_info.json").write_text(json.dumps({"step": 3000}))
     for half, (sr, speedup) in {"a": (0.6, 1.25), "b": (0.8, 1.5)}.items():
         (work / "bench" / half).mkdir(parents=True)
         rows = [{"method": m, "episodes": 5, "sr": sr, "speedup": speedup if m == "heisd" else 1.0,
