@@ -13,14 +13,14 @@
 # their finished episodes), so a killed run is started again with the same command.
 # On the 2-core CPU machine (18.9, 18.10): demos about 2.3 h, bc 1.5 h, dagger 1.4 h, eval 1.2 h.
 #
-# Environment: OUT (the working folder, default outputs/libero10; every path named here is inside it),
-# WORKERS (simulator processes, default 2), HEISD and PY (the heisd command and the Python that has
-# heisd; default: the project's .venv).
+# Environment: OUT (the working folder, default outputs/libero10 in the repository; every path named
+# here is inside it), WORKERS (simulator processes, default 2), HEISD and PY (the heisd command and
+# the Python that has heisd; default: the project's .venv).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 HEISD=${HEISD:-$ROOT/.venv/bin/heisd}
 PY=${PY:-$ROOT/.venv/bin/python}
-OUT=${OUT:-outputs/libero10}
+OUT=${OUT:-$ROOT/outputs/libero10}
 WORKERS=${WORKERS:-2}
 STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(demos bc dagger drafter datastore calibrate bench eval)
