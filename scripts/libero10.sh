@@ -22,8 +22,12 @@ HEISD=${HEISD:-$ROOT/.venv/bin/heisd}
 PY=${PY:-$ROOT/.venv/bin/python}
 OUT=${OUT:-$ROOT/outputs/libero10}
 WORKERS=${WORKERS:-2}
+ALL_STAGES=(demos bc dagger drafter datastore calibrate bench eval)
 STAGES=("$@")
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(demos bc dagger drafter datastore calibrate bench eval)
+[ ${#STAGES[@]} -gt 0 ] || STAGES=("${ALL_STAGES[@]}")
+for s in "${STAGES[@]}"; do  # checked before anything is made
+  [[ " ${ALL_STAGES[*]} " == *" $s "* ]] || { echo "unknown stage '$s'; stages: ${ALL_STAGES[*]}" >&2; exit 2; }
+done
 [ -x "$HEISD" ] || { echo "no $HEISD: run 'make install' first" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$OUT"
@@ -44,7 +48,8 @@ TASKS=(
 TARGET=dag_l10w/round_1/vla
 
 trained_to() {  # DIR STEPS: has the training run in DIR saved its checkpoint at step STEPS?
-  [ -f "$1/train_info.json" ] && "$PY" -c "import json,sys; sys.exit(json.load(open('$1/train_info.json'))['step'] != $2)"
+  [ -f "$1/train_info.json" ] && "$PY" -c \
+    "import json, sys; sys.exit(json.load(open(sys.argv[1]))['step'] != int(sys.argv[2]))" "$1/train_info.json" "$2"
 }
 need() {  # DIR STEPS STAGE: refuse to build on a training that has not finished
   trained_to "$1" "$2" || { echo "$1 has not finished its $2 steps: run the $3 stage first" >&2; exit 2; }
@@ -138,9 +143,6 @@ for ra, rb in zip(a, b, strict=True):
 PY
 }
 
-for s in "${STAGES[@]}"; do
-  declare -F "stage_$s" > /dev/null || { echo "unknown stage '$s'; stages: demos bc dagger drafter datastore calibrate bench eval" >&2; exit 2; }
-done
 for s in "${STAGES[@]}"; do
   echo "== $s ($(date -u +%H:%M:%S) UTC)"
   "stage_$s"

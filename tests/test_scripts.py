@@ -87,11 +87,12 @@ def test_a_cut_off_training_resumes_and_a_finished_one_is_skipped(tmp_path) -> N
     assert done.returncode == 0 and calls == []
 
 
-@pytest.mark.parametrize("stages, message", [(("nope",), "unknown stage 'nope'"),
-                                             (("bc",), "no demonstrations")])
-def test_bad_stages_are_refused_before_anything_runs(tmp_path, stages, message) -> None:
-    done, calls = _run(tmp_path, "demos", *stages) if stages == ("nope",) else _run(tmp_path, *stages)
+@pytest.mark.parametrize("stages, message, folder_made", [(("demos", "nope"), "unknown stage 'nope'", False),
+                                                          (("bc",), "no demonstrations", True)])
+def test_bad_stages_are_refused_before_anything_runs(tmp_path, stages, message, folder_made) -> None:
+    done, calls = _run(tmp_path, *stages)
     assert done.returncode == 2 and message in done.stderr and calls == []
+    assert (tmp_path / "work").exists() == folder_made  # a wrong stage name makes nothing
 
 
 def test_a_stage_never_builds_on_an_unfinished_training(tmp_path) -> None:
