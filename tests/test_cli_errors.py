@@ -71,8 +71,6 @@ CASES = [  # argv, exit code, what the one line must say
     (["demos", "--tasks", "reach-v3", "--out", "{theirs}", "--overwrite"], 1,
      "theirs.hdf5 exists and is not a heisd demonstration file"),
     (["demos", "--benchmark", "libero_goal", "--episodes", "0", "--out", "{root}/lg"], 2, "--episodes must be >= 1, got 0"),
-    (["eval", "--benchmark", "libero_10", "--out", "{root}/lg"], 2,
-     "no target is shipped for --benchmark libero_10: give --target"),
     (["demos", "--tasks", "reach-v3"], 2, "demos needs --out"),
     (["demos", "--tasks", "reach-v3", "--measure", "--policy", "{vla}"], 2, "the target reads frames"),
     (["train-vla", "--demos", "{demos}", "--out", "{root}/t", "--resume", "--overwrite"], 2,
@@ -145,13 +143,15 @@ def test_a_multi_line_message_is_printed_on_one_line() -> None:
 
 
 def test_target_defaults_to_the_benchmarks_shipped_one():
-    from heisd.commands.common import shipped_target
+    from heisd.benchmarks.registry import BENCHMARKS
+    from heisd.commands.common import SHIPPED_TARGETS, shipped_target
     from heisd.commands.runner import build_parser
 
     parser, _ = build_parser("eval")
+    assert set(SHIPPED_TARGETS) == set(BENCHMARKS)  # every benchmark has one
     for benchmark, path in (("mw", "checkpoints/vla"), ("libero_object", "checkpoints/libero_object/vla"),
                             ("libero_spatial", "checkpoints/libero_spatial/vla"),
-                            ("libero_goal", "checkpoints/libero_goal/vla")):
+                            ("libero_goal", "checkpoints/libero_goal/vla"), ("libero_10", "checkpoints/libero_10/vla")):
         args = parser.parse_args(["eval", "--benchmark", benchmark, "--out", "x"])
         shipped_target(args)
         assert args.target == path

@@ -1,6 +1,7 @@
 """The shipped LIBERO-Object target and drafter (checkpoints/README.md says how they were made) in
 LIBERO's simulator: one episode runs end to end; closed loop it picks and places (slow). The shipped
-LIBERO-Spatial and LIBERO-Goal drafters were trained against their suites' shipped targets."""
+LIBERO-Spatial and LIBERO-Goal drafters were trained against their suites' shipped targets; the
+shipped LIBERO-10 target reads the wrist camera."""
 
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ def test_shipped_suite_drafter_belongs_to_the_suites_shipped_target(suite):
     Drafter.from_pretrained(shipped / "drafter", DrafterTarget.from_target(target))  # refuses another target's
     size = sum(f.stat().st_size for f in (shipped / "drafter").iterdir()) / 2**20
     assert size <= 5, f"shipped {suite} drafter is {size:.1f} MB"
+
+
+def test_shipped_libero_10_target_reads_the_wrist_camera():
+    target = VLA.from_pretrained(SHIPPED.parent / "libero_10" / "vla")
+    assert target.spec.views == 2 and target.spec.action_dim == 7 and target.spec.protocol == "raw"
+    size = sum(f.stat().st_size for f in (SHIPPED.parent / "libero_10" / "vla").iterdir()) / 2**20
+    assert size <= 25, f"shipped LIBERO-10 target is {size:.1f} MB"
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices (torch dtype names)
 # the shipped target each benchmark's closed-loop commands use when --target is not given
 SHIPPED_TARGETS = {"mw": "checkpoints/vla", "libero_object": "checkpoints/libero_object/vla",
-                   "libero_spatial": "checkpoints/libero_spatial/vla", "libero_goal": "checkpoints/libero_goal/vla"}
+                   "libero_spatial": "checkpoints/libero_spatial/vla", "libero_goal": "checkpoints/libero_goal/vla",
+                   "libero_10": "checkpoints/libero_10/vla"}
 SHIPPED = "shipped"  # --target's default where the benchmark's shipped target is: see `shipped_target`
 
 TARGET_HELP = ("target checkpoint directory: a heisd VLA (e.g. checkpoints/vla) or an OpenVLA Hugging Face "
@@ -190,15 +191,10 @@ def _tolerance(args: argparse.Namespace) -> str:
 
 def shipped_target(args: argparse.Namespace) -> None:
     """Replace --target's `SHIPPED` default by the shipped target of --benchmark (before any command
-    reads it); a benchmark without one needs --target."""
-    from heisd.errors import UsageError
-
+    reads it); every benchmark has one."""
     if getattr(args, "target", None) != SHIPPED:
         return
     benchmark = getattr(args, "benchmark", None) or "mw"  # None: a command that reads it from the target
-    if benchmark not in SHIPPED_TARGETS:
-        raise UsageError(f"no target is shipped for --benchmark {benchmark}: give --target (shipped ones: "
-                         + ", ".join(f"{b} {path}" for b, path in SHIPPED_TARGETS.items()) + ")")
     args.target = SHIPPED_TARGETS[benchmark]
 
 
