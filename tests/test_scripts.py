@@ -50,6 +50,12 @@ def _demo(work: Path, folder: str, task: str = TASK_0) -> None:
     (work / "demos" / folder / f"{task}_demo.hdf5").write_bytes(b"")
 
 
+def _trained(run: Path, step: int) -> None:
+    """A training run in `run` that saved its checkpoint at `step` (what the stages read)."""
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "train_info.json").write_text(json.dumps({"step": step}))
+
+
 def test_every_command_line_parses_and_finished_recordings_are_skipped(tmp_path, monkeypatch) -> None:
     work = tmp_path / "work"
     _demo(work, "l10w_s0")  # task 0's files are there: only the other 9 tasks are recorded
@@ -75,13 +81,12 @@ def test_every_command_line_parses_and_finished_recordings_are_skipped(tmp_path,
 def test_a_cut_off_training_resumes_and_a_finished_one_is_skipped(tmp_path) -> None:
     work = tmp_path / "work"
     _demo(work, "l10w_s0")
-    (work / "l10w_bc").mkdir(parents=True)
+    _trained(work / "l10w_bc", 3500)
     (work / "l10w_bc" / "train_state.pt").write_bytes(b"")
-    (work / "l10w_bc" / "train_info.json").write_text(json.dumps({"step": 3500}))
     done, calls = _run(tmp_path, "bc")
     assert done.returncode == 0, done.stderr
     assert [c[0] for c in calls] == ["train-vla"] and "--resume" in calls[0]
-    (work / "l10w_bc" / "train_info.json").write_text(json.dumps({"step": 6000}))
+    _trained(work / "l10w_bc", 6000)
     (tmp_path / "calls.jsonl").unlink()
     done, calls = _run(tmp_path, "bc")
     assert done.returncode == 0 and calls == []
@@ -98,8 +103,7 @@ def test_bad_stages_are_refused_before_anything_runs(tmp_path, stages, message, 
 def test_a_stage_never_builds_on_an_unfinished_training(tmp_path) -> None:
     work = tmp_path / "work"
     _demo(work, "l10w_s0")
-    (work / "l10w_bc").mkdir(parents=True)
-    (work / "l10w_bc" / "train_info.json").write_text(json.dumps({"step": 3500}))
+    _trained(work / "l10w_bc", 3500)
     for stage, message in (("dagger", "l10w_bc has not finished its 6000 steps: run the bc stage first"),
                            ("bench", "dag_l10w/round_1/vla has not finished its 3000 steps: run the dagger stage")):
         done, calls = _run(tmp_path, stage)
@@ -108,8 +112,7 @@ def test_a_stage_never_builds_on_an_unfinished_training(tmp_path) -> None:
 
 def test_the_bench_stage_prints_the_row_from_both_halves(tmp_path) -> None:
     work = tmp_path / "work"
-    (work / "dag_l10w" / "round_1" / "vla").mkdir(parents=True)
-    (work / "dag_l10w" / "round_1" / "vla" / "train_info.json").write_text(json.dumps({"step": 3000}))
+    _trained(work / "dag_l10w" / "round_1" / "vla", 3000)
     for half, (sr, speedup) in {"a": (0.6, 1.25), "b": (0.8, 1.5)}.items():
         (work / "bench" / half).mkdir(parents=True)
         rows = [{"method": m, "episodes": 5, "sr": sr, "speedup": speedup if m == "heisd" else 1.0,

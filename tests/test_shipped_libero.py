@@ -21,6 +21,10 @@ SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "libero_object"
 TASK = "pick_up_the_cream_cheese_and_place_it_in_the_basket"
 
 
+def _megabytes(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.iterdir()) / 2**20
+
+
 @pytest.fixture(scope="module")
 def vla():
     return VLA.from_pretrained(SHIPPED / "vla")
@@ -39,7 +43,7 @@ def test_shipped_libero_target_runs_an_episode_and_specvla_keeps_its_tokens(vla)
     from heisd.runtime.evaluation import run_episode
 
     Drafter.from_pretrained(SHIPPED / "drafter", DrafterTarget.from_target(vla))  # same target fingerprint
-    size = sum(f.stat().st_size for f in (SHIPPED / "vla").iterdir()) / 2**20
+    size = _megabytes(SHIPPED / "vla")
     assert size <= 25, f"shipped LIBERO target is {size:.1f} MB"
     assert vla.spec.action_dim == 7 and vla.spec.chunk == 1 and vla.spec.protocol == "raw"
     env = _env(max_steps=12)
@@ -64,14 +68,15 @@ def test_shipped_suite_drafter_belongs_to_the_suites_shipped_target(suite):
     target = VLA.from_pretrained(shipped / "vla")
     assert target.spec.action_dim == 7 and target.spec.protocol == "raw"
     Drafter.from_pretrained(shipped / "drafter", DrafterTarget.from_target(target))  # refuses another target's
-    size = sum(f.stat().st_size for f in (shipped / "drafter").iterdir()) / 2**20
+    size = _megabytes(shipped / "drafter")
     assert size <= 5, f"shipped {suite} drafter is {size:.1f} MB"
 
 
 def test_shipped_libero_10_target_reads_the_wrist_camera():
-    target = VLA.from_pretrained(SHIPPED.parent / "libero_10" / "vla")
+    shipped = SHIPPED.parent / "libero_10" / "vla"
+    target = VLA.from_pretrained(shipped)
     assert target.spec.views == 2 and target.spec.action_dim == 7 and target.spec.protocol == "raw"
-    size = sum(f.stat().st_size for f in (SHIPPED.parent / "libero_10" / "vla").iterdir()) / 2**20
+    size = _megabytes(shipped)
     assert size <= 25, f"shipped LIBERO-10 target is {size:.1f} MB"
 
 
