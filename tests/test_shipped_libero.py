@@ -62,7 +62,7 @@ def test_shipped_libero_target_runs_an_episode_and_specvla_keeps_its_tokens(vla)
     assert tokens["ar"] == [375, 629, 629, 629, 629, 629, 629]
 
 
-@pytest.mark.parametrize("suite", ["libero_spatial", "libero_goal"])
+@pytest.mark.parametrize("suite", ["libero_spatial", "libero_goal", "libero_10"])
 def test_shipped_suite_drafter_belongs_to_the_suites_shipped_target(suite):
     shipped = SHIPPED.parent / suite
     target = VLA.from_pretrained(shipped / "vla")
