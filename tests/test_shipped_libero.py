@@ -1,7 +1,7 @@
 """The shipped LIBERO-Object target and drafter (checkpoints/README.md says how they were made) in
 LIBERO's simulator: one episode runs end to end; closed loop it picks and places (slow). The shipped
-LIBERO-Spatial and LIBERO-Goal drafters were trained against their suites' shipped targets; the
-shipped LIBERO-10 target reads the wrist camera."""
+LIBERO-Spatial, LIBERO-Goal and LIBERO-10 drafters were trained against their suites' shipped
+targets; the shipped LIBERO-10 target reads the wrist camera."""
 
 from __future__ import annotations
 
