@@ -46,6 +46,33 @@ def test_untried_options_first_in_order_then_the_cheapest() -> None:
     assert costs.ms_per_token("ar") == pytest.approx(1.0)
 
 
+def test_an_option_not_chosen_for_retry_after_turns_is_tried_again() -> None:
+    """The lock-in of BENCHMARKS.md 18.15: Jacobi once looked dearer than AR and was never timed
+    again. After `retry_after` learned turns without it, it forgets its costs and is retried; a
+    cheaper turn then wins it the next choices, a dearer one leaves AR chosen until the next retry."""
+    costs = OptionCosts("fallback", ["ar", "jacobi"], window=64, retry_after=4)
+    costs.record("ar", passes=6, tokens=6, ms=6.0)  # 1.0 ms per token
+    costs.record("jacobi", passes=6, tokens=6, ms=18.0)  # an unlucky first turn: 3.0 ms per token
+    for _ in range(4):
+        assert costs.choose() == ("ar", pytest.approx(1.0))
+        costs.record("ar", passes=6, tokens=6, ms=6.0)
+    assert costs.ms_per_token("jacobi") is None and costs.choose() == ("jacobi", None)  # 4 turns without it
+    costs.record("jacobi", passes=6, tokens=6, ms=18.0)  # dearer again: back to AR, retried 4 turns on
+    for _ in range(4):
+        assert costs.choose()[0] == "ar"
+        costs.record("ar", passes=6, tokens=6, ms=6.0)
+    assert costs.choose() == ("jacobi", None)
+    costs.record("jacobi", passes=2, tokens=6, ms=3.0)  # really 0.5 ms per token: chosen from now on
+    for _ in range(3):
+        assert costs.choose() == ("jacobi", pytest.approx(0.5))
+        costs.record("jacobi", passes=2, tokens=6, ms=3.0)
+    assert costs.choose() == ("ar", None)  # but for AR, unchosen for 4 turns, retried in its turn
+    costs.record("ar", passes=1, tokens=0, ms=1.0)  # a turn that emitted nothing is not learned, nor counted
+    assert costs.choose() == ("ar", None)
+    with pytest.raises(ValueError, match="retry_after must be >= 1"):
+        OptionCosts("fallback", ["ar"], retry_after=0)
+
+
 def test_a_turn_records_its_prediction_for_the_tokens_it_emitted() -> None:
     costs = OptionCosts("tree", ["configured", "depth-1"])
     costs.record("configured", passes=1, tokens=2, ms=4.0)  # 2 ms per token

@@ -292,6 +292,30 @@ def test_a_step_that_captured_a_cuda_graph_prices_no_mode(stats, monkeypatch) ->
     assert switch.expected_ms("drafter", 0.1) == pytest.approx(10.0 + 3 * 10.0 + 0.6)
 
 
+def test_cost_switch_retries_a_mode_not_run_in_a_bin_for_retry_after_steps(stats) -> None:
+    """The lock-in of BENCHMARKS.md 18.15: slow motion went to the drafter after retrieval looked
+    dear there, and retrieval was never tried there again. After `retry_after` drafter steps in the
+    bin, retrieval's estimate there (its calibration seed included) is forgotten and it runs the
+    bin's next step; other bins keep theirs."""
+    from heisd.kinematics import CostSwitchConfig
+
+    switch = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8, config=CostSwitchConfig(retry_after=5))
+    switch.observe("retrieval", 0.9, _step(2, prefill=10.0, verify_each=10.0, draft=0.3))
+    switch.observe("drafter", 0.9, _step(4, prefill=10.0, verify_each=10.0, draft=0.6))
+    # the seed: retrieval drafts 1 token per forward at F < 0.5 (8 passes), the drafter 2 (4 passes)
+    assert switch.decide(0.1)[0] == "drafter" and switch._passes_in("retrieval", 0)[0] == 10
+    for step in range(5):
+        switch.observe("drafter", 0.1, _step(4, prefill=10.0, verify_each=10.0, draft=0.6))
+        assert switch.decide(0.1)[0] == ("drafter" if step < 4 else "retrieval")
+    assert switch.expected_ms("retrieval", 0.1) is None and switch.unanimous() is None  # F is computed again
+    assert switch._passes_in("retrieval", 1)[0] > 0  # the other bins keep their estimates
+    switch.observe("retrieval", 0.1, _step(2, prefill=10.0, verify_each=10.0, draft=0.3))  # cheaper now
+    assert switch.expected_ms("retrieval", 0.1) == pytest.approx(10.0 + 10.0 + 0.3)
+    assert switch.decide(0.1)[0] == "retrieval"
+    with pytest.raises(ValueError, match="retry_after must be >= 1"):
+        CostSwitchConfig(retry_after=0)
+
+
 def test_cost_switch_with_an_empty_bin_tries_the_mode_there(stats) -> None:
     """Calibration F all equal (a straight demonstration path): the quantile edges coincide and
     every bin but one is empty; a step in an empty bin tries a mode instead of failing."""
@@ -363,8 +387,11 @@ def test_cost_switch_computes_f_only_where_it_can_change_the_decision(stats, mon
 
     exact_metric, computed, calls = metric_module.fused_metric, metric_module.TrajectoryTracker._compute, []
     monkeypatch.setattr(metric_module.TrajectoryTracker, "_compute", lambda self: calls.append(1) or computed(self))
-    lazy = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8, config=CostSwitchConfig(learn_every=8))
-    eager = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8, config=CostSwitchConfig(learn_every=1))
+    # no retries: they count a bin's steps with F, which the lazy switch sees fewer of (it retries later)
+    lazy = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8, config=CostSwitchConfig(learn_every=8,
+                                                                                        retry_after=10**6))
+    eager = CostAwareSwitch(CONFIG, stats, _frames(), n_tokens=8, config=CostSwitchConfig(learn_every=1,
+                                                                                         retry_after=10**6))
     trackers = {"lazy": lazy.make_tracker(), "eager": eager.make_tracker()}
     path, counts, modes = _mixed_path(450), {"lazy": 0, "eager": 0}, []
     for step in range(450):

@@ -10,6 +10,12 @@ Each turn is kept as a `CostChoice` (expected and actual ms), so reports can sho
 option was chosen and how good the predictions were. A turn during which a CUDA graph was captured
 (the first time a pass shape runs under --cuda-graphs) timed the capture, so it teaches nothing:
 else the option it chose could look many times too slow, and never be tried again.
+
+An option not chosen during the latest `retry_after` learned turns forgets its measurements and
+so is tried again at the next choice: each estimate is learned only from its own option's turns,
+so without this a stale, pessimistic estimate is never corrected (on LIBERO-10 the fallback kept AR
+for 1,255 turns after 27 Jacobi turns, BENCHMARKS.md 18.15). A retry costs one turn of the
+dearer option in `retry_after` at most.
 """
 
 from __future__ import annotations
@@ -34,12 +40,17 @@ class CostChoice:
 class OptionCosts:
     """Moving medians per option and the choice they imply (one turn open at a time)."""
 
-    def __init__(self, rule: str, options: Sequence[str], window: int = 64) -> None:
+    def __init__(self, rule: str, options: Sequence[str], window: int = 64, retry_after: int = 64) -> None:
         if not options:
             raise ValueError(f"the {rule} rule needs at least one option")
+        if retry_after < 1:
+            raise ValueError(f"the {rule} rule's retry_after must be >= 1 turn, got {retry_after}")
         self.rule, self.options = rule, tuple(options)
+        self.window, self.retry_after = window, retry_after
         self._passes_per_token = {o: MovingMedian(window) for o in self.options}
         self._ms_per_pass = {o: MovingMedian(window) for o in self.options}
+        self._turns = 0  # turns learned so far
+        self._last = dict.fromkeys(self.options, 0)  # the learned turn each option last ran
         # option, ms per token, tokens before, start, graphs captured before
         self._turn: tuple[str, float | None, int, float, int] | None = None
         self._passes = 0
@@ -65,6 +76,13 @@ class OptionCosts:
             return  # nothing was emitted (or nothing ran): no rate to learn
         self._passes_per_token[option].add(passes / tokens)
         self._ms_per_pass[option].add(ms / passes)
+        self._turns += 1
+        self._last[option] = self._turns
+        for other in self.options:
+            if self._turns - self._last[other] >= self.retry_after and len(self._ms_per_pass[other]):
+                # stale: forgotten, so the next choice tries it again
+                self._passes_per_token[other] = MovingMedian(self.window)
+                self._ms_per_pass[other] = MovingMedian(self.window)
 
     # ----- turns -----
     @property

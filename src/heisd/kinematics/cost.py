@@ -26,6 +26,12 @@ Expected latency of a mode at kinematic metric F:
   (on a CPU its circle fit costs a fraction of a millisecond a step,
   `scripts/time_kinematic_metric.py`). Such a step's passes cannot be put in a bin, so every
   `learn_every`-th of them computes F anyway to keep learning.
+- A mode that has not run in an F bin during the latest `retry_after` steps there (steps with F)
+  forgets its passes in that bin, its seed included, and so is tried there again: a bin's
+  estimate for a mode is learned only from that mode's steps in it, so without this a stale,
+  pessimistic estimate is never corrected (on LIBERO-10 two bins stayed on the dearer drafter for
+  ten episodes, BENCHMARKS.md 18.15). A switch that skips F sees fewer of a bin's steps, so it
+  retries later than one computing F every step.
 
 Every decision records what it expected, so reports can show how good the predictions were.
 """
@@ -57,9 +63,11 @@ class CostSwitchConfig:
     # when no F bin could change the decision, F is not computed (a fraction of a millisecond a step
     # on a CPU); every this many such steps it is computed anyway, so the per-bin passes keep learning
     learn_every: int = 8
+    # a mode that has not run in an F bin for this many of the bin's steps is tried there again
+    retry_after: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("bins", "window", "learn_every"):
+        for name in ("bins", "window", "learn_every", "retry_after"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CostSwitchConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -90,6 +98,8 @@ class CostAwareSwitch:  # a `Switch`
             key: MovingMean(window, seeds.get(key)) for key in ((m, b) for m in MODES for b in range(self.config.bins))
         }
         self._pieces = {name: MovingMedian(window) for name in PIECES}
+        self._visits = [0] * self.config.bins  # steps with F per bin
+        self._last = dict.fromkeys(self._passes, 0)  # the bin's step at which each mode last ran there
         self._captures = captures()  # graphs captured by the latest `observe`
         # the bins an F can land in (coinciding quantile edges leave some empty by construction)
         self._cases: list[int | None] = [None] + sorted({0} | {self._bin(e) for e in self._edges})
@@ -170,7 +180,7 @@ class CostAwareSwitch:  # a `Switch`
         computed) and its measured pieces, unless a CUDA graph was captured since the last step."""
         t, forwards = result.timing, result.target_forwards
         if metric is not None:
-            self._passes[(mode, self._bin(metric))].add(forwards)
+            self._learn_passes(mode, self._bin(metric), forwards)
         self._unanimous = False
         seen, self._captures = self._captures, captures()
         if seen != self._captures:
@@ -184,6 +194,15 @@ class CostAwareSwitch:  # a `Switch`
                 pieces["propose:drafter"].add(t.draft_ms / (forwards - 1))
         if mode == "retrieval":
             pieces["propose:retrieval"].add(t.draft_ms)
+
+    def _learn_passes(self, mode: Mode, b: int, forwards: int) -> None:
+        self._passes[(mode, b)].add(forwards)
+        self._visits[b] += 1
+        self._last[(mode, b)] = self._visits[b]
+        for other in MODES:
+            key = (other, b)
+            if self._visits[b] - self._last[key] >= self.config.retry_after and len(self._passes[key]):
+                self._passes[key] = MovingMean(self.config.window)  # stale: forgotten, tried again
 
     def _bin(self, metric: float) -> int:
         return bisect.bisect_right(self._edges, metric)
