@@ -14,8 +14,8 @@ else the option it chose could look many times too slow, and never be tried agai
 An option not chosen during the latest `retry_after` learned turns forgets its measurements and
 so is tried again at the next choice: each estimate is learned only from its own option's turns,
 so without this a stale, pessimistic estimate is never corrected (on LIBERO-10 the fallback kept AR
-for 1,255 turns after 27 Jacobi turns, BENCHMARKS.md 18.15). A retry costs one turn of the
-dearer option in `retry_after` at most.
+for 1,255 turns after 27 Jacobi turns, BENCHMARKS.md 18.15). Retries cost at most one turn per
+unchosen option in every `retry_after`.
 """
 
 from __future__ import annotations
