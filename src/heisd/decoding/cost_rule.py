@@ -9,7 +9,7 @@ when the option is chosen and closes when the caller knows how many tokens those
 Each turn is kept as a `CostChoice` (expected and actual ms), so reports can show how often each
 option was chosen and how good the predictions were. A turn during which a CUDA graph was captured
 (the first time a pass shape runs under --cuda-graphs) timed the capture, so it teaches nothing:
-else the option it chose could look many times too slow, and never be tried again.
+else the option it chose could look many times too slow, and go untried until its retry.
 
 An option not chosen during the latest `retry_after` learned turns forgets its measurements and
 so is tried again at the next choice: each estimate is learned only from its own option's turns,
