@@ -8,7 +8,7 @@ import torch
 from helpers import save_tiny_drafter, tiny_vla, write_demo_file
 
 from heisd.decoding.cost_rule import OptionCosts
-from heisd.decoding.moving import MovingMean, MovingMedian
+from heisd.decoding.moving import MovingMean, MovingMedian, Staleness
 from heisd.runtime.methods import MethodConfig, build_decoders
 from heisd.runtime.policy import VLAPolicy
 from heisd.runtime.replay import replay
@@ -27,6 +27,15 @@ def test_moving_statistics_track_the_latest_window() -> None:
     assert median.value == 2.0
     mean.add(0.0)  # 2, 9, 0
     assert (mean.total, mean.positive) == (11.0, 2)
+
+
+def test_staleness_names_the_keys_unseen_for_after_events() -> None:
+    clock = Staleness(["a", "b", "c"], after=3)
+    assert clock.seen("a") == []  # event 1: b and c last seen at 0
+    assert clock.seen("a") == []
+    assert clock.seen("b") == ["c"]  # event 3: c unseen for 3 events, a for 1
+    assert clock.seen("b") == ["c"]
+    assert clock.seen("b") == ["a", "c"]  # event 5: a unseen for 3 events too
 
 
 def test_untried_options_first_in_order_then_the_cheapest() -> None:

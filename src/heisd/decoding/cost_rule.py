@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from heisd.cuda_graphs import captures
-from heisd.decoding.moving import MovingMedian
+from heisd.decoding.moving import MovingMedian, Staleness
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,10 @@ class OptionCosts:
         if retry_after < 1:
             raise ValueError(f"the {rule} rule's retry_after must be >= 1 turn, got {retry_after}")
         self.rule, self.options = rule, tuple(options)
-        self.window, self.retry_after = window, retry_after
+        self.window = window
         self._passes_per_token = {o: MovingMedian(window) for o in self.options}
         self._ms_per_pass = {o: MovingMedian(window) for o in self.options}
-        self._turns = 0  # turns learned so far
-        self._last = dict.fromkeys(self.options, 0)  # the learned turn each option last ran
+        self._staleness = Staleness(self.options, retry_after)  # over learned turns
         # option, ms per token, tokens before, start, graphs captured before
         self._turn: tuple[str, float | None, int, float, int] | None = None
         self._passes = 0
@@ -76,11 +75,8 @@ class OptionCosts:
             return  # nothing was emitted (or nothing ran): no rate to learn
         self._passes_per_token[option].add(passes / tokens)
         self._ms_per_pass[option].add(ms / passes)
-        self._turns += 1
-        self._last[option] = self._turns
-        for other in self.options:
-            if self._turns - self._last[other] >= self.retry_after and len(self._ms_per_pass[other]):
-                # stale: forgotten, so the next choice tries it again
+        for other in self._staleness.seen(option):
+            if len(self._ms_per_pass[other]):  # stale: forgotten, so the next choice tries it again
                 self._passes_per_token[other] = MovingMedian(self.window)
                 self._ms_per_pass[other] = MovingMedian(self.window)
 

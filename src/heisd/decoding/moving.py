@@ -1,4 +1,5 @@
-"""Moving statistics over the latest `window` values, cheap to read on the decode hot path.
+"""Moving statistics over the latest `window` values, cheap to read on the decode hot path, and the
+cost rules' retry clock (`Staleness`).
 
 The cost rules (mode switch, retrieval fallback, drafter tree) read their estimates every control
 step and learn a few values per step, so each statistic is kept up to date on `add` (a running
@@ -10,6 +11,10 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Hashable, Iterable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 class MovingMedian:
@@ -89,3 +94,21 @@ class MovingMean:
     def positive(self) -> float:
         """How many of the values are > 0 (seeded slots count their share)."""
         return self._positive + self._seeded() * self._seed_share
+
+
+class Staleness(Generic[K]):
+    """The cost rules' retry clock: which keys went unseen during the latest `after` events (each
+    event sees one key). Keys start as seen at event 0, e.g. a calibration seed."""
+
+    __slots__ = ("after", "_events", "_last")
+
+    def __init__(self, keys: Iterable[K], after: int) -> None:
+        self.after = after
+        self._events = 0
+        self._last = dict.fromkeys(keys, 0)
+
+    def seen(self, key: K) -> list[K]:
+        """Count an event that saw `key`; the keys stale after it."""
+        self._events += 1
+        self._last[key] = self._events
+        return [k for k, last in self._last.items() if self._events - last >= self.after]

@@ -45,7 +45,7 @@ import numpy as np
 
 from heisd.cuda_graphs import captures
 from heisd.decoding import DecodeResult
-from heisd.decoding.moving import MovingMean, MovingMedian
+from heisd.decoding.moving import MovingMean, MovingMedian, Staleness
 from heisd.kinematics.metric import KinematicConfig, KinematicStats, TrajectoryTracker
 from heisd.kinematics.switch import Decision, Mode
 
@@ -98,8 +98,8 @@ class CostAwareSwitch:  # a `Switch`
             key: MovingMean(window, seeds.get(key)) for key in ((m, b) for m in MODES for b in range(self.config.bins))
         }
         self._pieces = {name: MovingMedian(window) for name in PIECES}
-        self._visits = [0] * self.config.bins  # steps with F per bin
-        self._last = dict.fromkeys(self._passes, 0)  # the bin's step at which each mode last ran there
+        # per bin, over its steps with F (a seed counts as a run at the bin's step 0)
+        self._staleness = [Staleness(MODES, self.config.retry_after) for _ in range(self.config.bins)]
         self._captures = captures()  # graphs captured by the latest `observe`
         # the bins an F can land in (coinciding quantile edges leave some empty by construction)
         self._cases: list[int | None] = [None] + sorted({0} | {self._bin(e) for e in self._edges})
@@ -197,12 +197,9 @@ class CostAwareSwitch:  # a `Switch`
 
     def _learn_passes(self, mode: Mode, b: int, forwards: int) -> None:
         self._passes[(mode, b)].add(forwards)
-        self._visits[b] += 1
-        self._last[(mode, b)] = self._visits[b]
-        for other in MODES:
-            key = (other, b)
-            if self._visits[b] - self._last[key] >= self.config.retry_after and len(self._passes[key]):
-                self._passes[key] = MovingMean(self.config.window)  # stale: forgotten, tried again
+        for other in self._staleness[b].seen(mode):
+            if len(self._passes[(other, b)]):  # stale: forgotten, so the bin's next step tries it
+                self._passes[(other, b)] = MovingMean(self.config.window)
 
     def _bin(self, metric: float) -> int:
         return bisect.bisect_right(self._edges, metric)
