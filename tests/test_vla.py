@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from heisd.targets.vla import VLA, ActionTokenizer, CheckpointError, NormStats, TextTokenizer, VLAConfig
-from heisd.targets.vla.frames import Frames, chunk_targets
+from heisd.targets.vla.frames import Frames, chunk_targets, keyframe_weights
 from heisd.targets.vla.vision import random_shift, resize_images, resize_views
 
 INSTRUCTIONS = ["move left", "move right and open the gripper"]
@@ -65,6 +65,14 @@ def test_text_tokenizer_prompt_and_unseen_words(tmp_path):
     assert text.decode(text.encode_prompt("close the window")).endswith("close the window?\nOut:")
     text.save(tmp_path / "tokenizer.json")
     assert TextTokenizer.load(tmp_path / "tokenizer.json").encode_prompt("move left") == ids
+
+
+def test_keyframe_weights_mark_the_frames_after_each_gripper_change():
+    actions = np.zeros((12, 4), dtype=np.float32)
+    actions[:, -1] = -1.0
+    actions[3:10, -1] = 1.0  # closes at frame 3, opens at frame 10
+    assert keyframe_weights(actions, 3, 5.0).tolist() == [1, 1, 1, 5, 5, 5, 1, 1, 1, 1, 5, 5]  # cut at the end
+    assert keyframe_weights(actions[:3], 3, 5.0).tolist() == [1, 1, 1]  # no change, nothing weighted
 
 
 # ----- model -----
@@ -324,6 +332,39 @@ def test_training_lowers_loss_and_resume_continues_exactly(tmp_path, capsys):
     assert [r["step"] for r in log(split)] == [10, 20, 30, 40]
     assert log(split)[-1]["train_loss"] == pytest.approx(lines[-1]["train_loss"], rel=1e-6)
     assert VLA.from_pretrained(split).fingerprint() == VLA.from_pretrained(straight).fingerprint()
+
+
+def test_weighted_loss_counts_each_frame_by_its_weight():
+    from heisd.targets.vla.train import action_loss
+
+    model = tiny_model()
+    images, prompt, state, actions = inputs(model)
+    batch = {"images": images, "prompt_ids": prompt, "state": state, "action_ids": actions,
+             "prompt_mask": torch.ones_like(prompt)}
+    with torch.no_grad():
+        plain, logits = action_loss(model, batch)
+        first = torch.nn.functional.cross_entropy(logits[0], actions[0])
+        torch.testing.assert_close(action_loss(model, {**batch, "weight": torch.tensor([2.0, 2.0])})[0], plain)
+        torch.testing.assert_close(action_loss(model, {**batch, "weight": torch.tensor([1.0, 0.0])})[0], first)
+
+
+def test_keyframe_weight_is_recorded_kept_on_resume_and_checked(tmp_path, capsys):
+    demos = tmp_path / "demos.hdf5"
+    write_demos(demos)  # the gripper command changes once per episode, at frame 6 of 12
+    out = tmp_path / "kf"
+    assert run_train(demos, out, 20, extra=("--keyframe-weight", "4", "--keyframe-window", "3")) == 0
+    config = json.loads((out / "train_info.json").read_text())["train_config"]
+    assert (config["keyframe_weight"], config["keyframe_window"]) == (4.0, 3)
+    assert run_train(demos, out, 30, resume=True) == 0  # resumed without the flags: still weighted
+    assert json.loads((out / "train_info.json").read_text())["train_config"]["keyframe_weight"] == 4.0
+    capsys.readouterr()
+    for flags, message in ((("--keyframe-weight", "0"), "--keyframe-weight must be a positive number, got 0.0"),
+                           (("--keyframe-weight", "nan"), "--keyframe-weight must be a positive number, got nan"),
+                           (("--keyframe-window", "0"), "--keyframe-window must be >= 1 frame, got 0"),
+                           (("--arch", "openvla", "--keyframe-weight", "2"), "--keyframe-weight is for --arch vla")):
+        assert run_train(demos, tmp_path / "bad", 10, extra=flags) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_no_gripper_state_masks_it_when_training_and_fine_tuning(tmp_path, capsys):

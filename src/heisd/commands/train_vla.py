@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-fraction", type=float, default=0.05, help="episodes held out")
     parser.add_argument("--eval-every", type=int, default=500, help="steps between validation log lines")
     parser.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
+    parser.add_argument("--keyframe-weight", type=float, default=1.0,
+                        help="vla: loss weight of the frames just after each change of the gripper command, "
+                             "where the fingers have not followed it yet (1: every frame alike; kept on --resume)")
+    parser.add_argument("--keyframe-window", type=int, default=8,
+                        help="vla: how many frames from each gripper command change get --keyframe-weight")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the training run in --out (its files are removed when the new run starts)")
@@ -82,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
+
     import torch
 
     from heisd.commands.common import torch_device
@@ -94,13 +101,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--shift-pad must be >= 0 pixels, got {args.shift_pad}")
     if args.wrist and args.benchmark != "libero":
         raise UsageError(f"--wrist reads LIBERO's wrist camera; --benchmark {args.benchmark} has none")
+    if not (args.keyframe_weight > 0 and math.isfinite(args.keyframe_weight)):
+        raise UsageError(f"--keyframe-weight must be a positive number, got {args.keyframe_weight}")
+    if args.keyframe_window < 1:
+        raise UsageError(f"--keyframe-window must be >= 1 frame, got {args.keyframe_window}")
+    if args.arch == "openvla" and args.keyframe_weight != 1.0:
+        raise UsageError("--keyframe-weight is for --arch vla (OpenVLA's fine-tuning weighs every frame alike)")
     torch.set_num_threads(args.threads)
     device = torch_device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 weights, TF32 math
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                       seed=args.seed, val_fraction=args.val_fraction, eval_every=args.eval_every,
-                      save_every=args.save_every)
+                      save_every=args.save_every, keyframe_weight=args.keyframe_weight,
+                      keyframe_window=args.keyframe_window)
     if args.arch == "openvla":
         metrics = _train_openvla(args, cfg, str(device))
         print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))

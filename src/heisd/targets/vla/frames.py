@@ -30,6 +30,7 @@ class Frames:
     prompt_mask: torch.Tensor  # int64 [N_episodes, L_max], 1 = real token
     episode: torch.Tensor  # int64 [N]: row of each frame in prompt_ids
     aux: torch.Tensor | None = None  # float32 [N, k]: an auxiliary loss's targets (`train.AuxiliaryLoss`)
+    weight: torch.Tensor | None = None  # float32 [N]: each frame's weight in the loss (`keyframe_weights`)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -44,7 +45,8 @@ class Frames:
         ep = self.episode[idx]
         return {"images": self.images[idx], "state": self.states[idx], "action_ids": self.action_ids[idx],
                 "prompt_ids": self.prompt_ids[ep], "prompt_mask": self.prompt_mask[ep],
-                **({"aux": self.aux[idx]} if self.aux is not None else {})}
+                **({"aux": self.aux[idx]} if self.aux is not None else {}),
+                **({"weight": self.weight[idx]} if self.weight is not None else {})}
 
 
 @dataclass
@@ -118,8 +120,22 @@ def episode_rows(lengths: Sequence[int]) -> torch.Tensor:
     return torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)])
 
 
-def build_frames(records: Sequence[EpisodeRecord], text: TextTokenizer,
-                 actions: ActionTokenizer, chunk: int) -> Frames:
+def keyframe_weights(actions: np.ndarray, window: int, weight: float) -> np.ndarray:
+    """float32 [T]: `weight` on the `window` frames from each change of the gripper command (the last
+    action value's sign), 1 elsewhere. Those are the frames where the command disagrees with the
+    fingers, which follow it only a few steps later: a target that copies the fingers is wrong
+    exactly there and nearly nowhere else (keyframe-focused imitation, Wen et al., 2021)."""
+    sign = np.sign(actions[:, -1])
+    w = np.ones(len(actions), dtype=np.float32)
+    for t in np.nonzero(sign[1:] != sign[:-1])[0] + 1:
+        w[t:t + window] = weight
+    return w
+
+
+def build_frames(records: Sequence[EpisodeRecord], text: TextTokenizer, actions: ActionTokenizer, chunk: int,
+                 keyframe_window: int = 0, keyframe_weight: float = 1.0) -> Frames:
+    """Every frame of `records`; with `keyframe_weight` != 1 each frame carries its loss weight."""
+    weighted = keyframe_weight != 1.0 and keyframe_window > 0
     prompt_ids, prompt_mask = left_padded([text.encode_prompt(r.instruction) for r in records], text.pad_id)
     ids = [actions.encode(chunk_targets(r.actions, chunk)).reshape(len(r.actions), -1) for r in records]
     return Frames(
@@ -129,6 +145,8 @@ def build_frames(records: Sequence[EpisodeRecord], text: TextTokenizer,
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         episode=episode_rows([len(r.actions) for r in records]),
+        weight=torch.from_numpy(np.concatenate([keyframe_weights(r.actions, keyframe_window, keyframe_weight)
+                                                for r in records])) if weighted else None,
     )
 
 

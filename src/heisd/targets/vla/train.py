@@ -51,6 +51,8 @@ class TrainConfig:
     eval_every: int = 500  # steps between validation + log lines
     save_every: int = 1000  # steps between checkpoints
     max_val_frames: int = 2048  # validation cost bound
+    keyframe_weight: float = 1.0  # loss weight of the frames just after a gripper command change (1: none)
+    keyframe_window: int = 8  # frames from each change that get it (the fingers follow in about 4-8)
 
 
 def _lr_lambda(cfg: TrainConfig):
@@ -77,9 +79,14 @@ def action_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple
 
 
 def _action_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, TeacherForced]:
+    """Mean token cross-entropy; frames that carry a weight (`Frames.weight`) count by it."""
     out = model.teacher_forced(batch["images"], batch["prompt_ids"], batch["state"],
                                batch["action_ids"], batch["prompt_mask"])
-    return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["action_ids"].flatten()), out
+    if "weight" not in batch:
+        return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["action_ids"].flatten()), out
+    per_frame = torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), batch["action_ids"],
+                                                  reduction="none").mean(1)
+    return (per_frame * batch["weight"]).sum() / batch["weight"].sum(), out
 
 
 class AuxiliaryLoss(torch.nn.Module):
@@ -244,8 +251,10 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
     if mask_gripper:
         _mask_gripper(model, records, resumed=resume)
     train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)
+    # validation stays unweighted: its loss compares with runs trained without keyframe weights
     frames = [build_frames([records[i] for i in eps], model.text_tokenizer, model.action_tokenizer,
-                           model.config.chunk) if eps else None for eps in (train_eps, val_eps)]
+                           model.config.chunk, *((cfg.keyframe_window, cfg.keyframe_weight) if train else ()))
+              if eps else None for eps, train in ((train_eps, True), (val_eps, False))]
     data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(frames[0]),
             "val_frames": len(frames[1]) if frames[1] else 0}
     check_resumed_data(state, data)
