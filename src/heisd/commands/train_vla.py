@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
     parser.add_argument("--keyframe-weight", type=float, default=1.0,
                         help="vla: loss weight of the frames just after each change of the gripper command, "
-                             "where the fingers have not followed it yet (1: every frame alike; kept on --resume)")
+                             "where the fingers have not followed it yet (1: every frame alike; kept on --resume). The "
+                             "logged train_loss is weighted with it, val_loss never")
     parser.add_argument("--keyframe-window", type=int, default=8,
                         help="vla: how many frames from each gripper command change get --keyframe-weight")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
