@@ -73,6 +73,15 @@ def test_keyframe_weights_mark_the_frames_after_each_gripper_change():
     actions[3:10, -1] = 1.0  # closes at frame 3, opens at frame 10
     assert keyframe_weights(actions, 3, 5.0).tolist() == [1, 1, 1, 5, 5, 5, 1, 1, 1, 1, 5, 5]  # cut at the end
     assert keyframe_weights(actions[:3], 3, 5.0).tolist() == [1, 1, 1]  # no change, nothing weighted
+    # training frames carry them into every batch; unweighted frames carry none
+    from heisd.targets.vla.frames import EpisodeRecord, build_frames
+
+    record = EpisodeRecord("e", "t", INSTRUCTIONS[0], np.zeros((12, 8, 8, 3), np.uint8), np.zeros((12, 4), np.float32),
+                           actions, 1)
+    text, tok = TextTokenizer.train(INSTRUCTIONS), ActionTokenizer(1000, -np.ones(4), np.ones(4), n_bins=256)
+    weighted = build_frames([record, record], text, tok, 1, keyframe_window=3, keyframe_weight=5.0)
+    assert weighted.batch(torch.tensor([3, 22]))["weight"].tolist() == [5.0, 5.0]
+    assert "weight" not in build_frames([record], text, tok, 1).batch(torch.tensor([3]))
 
 
 # ----- model -----

@@ -52,7 +52,7 @@ class TrainConfig:
     save_every: int = 1000  # steps between checkpoints
     max_val_frames: int = 2048  # validation cost bound
     keyframe_weight: float = 1.0  # loss weight of the frames just after a gripper command change (1: none)
-    keyframe_window: int = 8  # frames from each change that get it (the fingers follow in about 4-8)
+    keyframe_window: int = 8  # frames from each change that get it (the fingers start to follow 2-5 later)
 
 
 def _lr_lambda(cfg: TrainConfig):
