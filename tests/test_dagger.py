@@ -115,6 +115,19 @@ def test_rounds_resume_and_refuse_other_settings(tiny_dir, tmp_path):
     other = DaggerConfig(**{**cfg.__dict__, "steps": 3})
     with pytest.raises(OutputError, match="steps"):
         run_dagger(other, tmp_path / "run", progress=False)
+    saved = tmp_path / "run" / "dagger.json"
+    old = json.loads(saved.read_text())
+    del old["keyframe_weight"], old["keyframe_window"]
+    saved.write_text(json.dumps(old))  # saved before keyframe weights: resumes as the unweighted run it was
+    assert run_dagger(more, tmp_path / "run", progress=False) == tmp_path / "run" / "round_3" / "vla"
+    with pytest.raises(OutputError, match="keyframe_weight"):
+        run_dagger(DaggerConfig(**{**more.__dict__, "keyframe_weight": 3.0}), tmp_path / "run", progress=False)
+    with pytest.raises(ConfigError, match="keyframe_weight must be > 0 and keyframe_window >= 1, got 0.0 and 8"):
+        DaggerConfig(**{**cfg.__dict__, "keyframe_weight": 0.0})
+    weighted = run_dagger(DaggerConfig(**{**cfg.__dict__, "rounds": 1, "keyframe_weight": 3.0, "keyframe_window": 2}),
+                          tmp_path / "run4", progress=False)
+    trained = json.loads((weighted / "train_info.json").read_text())["train_config"]
+    assert (trained["keyframe_weight"], trained["keyframe_window"]) == (3.0, 2)  # the fine-tune weighs them
     with pytest.raises(CheckpointError, match="not a target checkpoint directory"):
         run_dagger(DaggerConfig(**{**cfg.__dict__, "init": str(tmp_path)}), tmp_path / "run3", progress=False)
     assert not (tmp_path / "run3").exists()  # refused before anything was written

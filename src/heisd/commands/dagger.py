@@ -41,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=d("max_steps"),
                    help="episode step limit of mw's rollouts (default 300); LIBERO rolls out its protocol's "
                         "220/280/300/520 steps per suite")
+    p.add_argument("--keyframe-weight", type=float, default=d("keyframe_weight"),
+                   help="fine-tuning: loss weight of the frames just after each change of the gripper command "
+                        "(train-vla's flag; 1: every frame alike)")
+    p.add_argument("--keyframe-window", type=int, default=d("keyframe_window"),
+                   help="fine-tuning: how many frames from each gripper command change get --keyframe-weight")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in --out (a run with the same settings resumes without it)")
     add_ray_arguments(p, "rollout episodes (fine-tuning stays on this machine)")
@@ -55,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                        tasks=resolve_tasks(args.benchmark, args.tasks), rounds=args.rounds, episodes=args.episodes,
                        seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                        threads=args.threads, workers=args.workers, max_steps=args.max_steps,
-                       benchmark=args.benchmark)
+                       benchmark=args.benchmark, keyframe_weight=args.keyframe_weight,
+                       keyframe_window=args.keyframe_window)
     # a rollout worker runs one torch thread (recording's `_target_policy`), whatever --threads fine-tunes with
     final = run_dagger(cfg, args.out, overwrite=args.overwrite, executor=executor_of(args, args.workers, cpus=1))
     print(f"final checkpoint: {final}  (per-round success of each actor: {args.out}/dagger_log.jsonl)")

@@ -25,6 +25,7 @@ training continues from its own train_state.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +63,8 @@ class DaggerConfig:
     workers: int = 1  # simulator processes for the rollouts
     max_steps: int | None = None  # rollouts' step limit; None: the benchmark's (LIBERO: only its protocol's)
     benchmark: str = "mw"  # mw, or a LIBERO suite with scripted experts (libero_object)
+    keyframe_weight: float = 1.0  # fine-tuning: `TrainConfig.keyframe_weight` (1: every frame alike)
+    keyframe_window: int = 8  # fine-tuning: `TrainConfig.keyframe_window`
 
     def __post_init__(self) -> None:
         from heisd.benchmarks.libero_experts import check_expert_suite
@@ -78,6 +81,9 @@ class DaggerConfig:
                 raise ConfigError(f"DaggerConfig.{name} must be >= {least}, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ConfigError(f"DaggerConfig.lr must be > 0, got {self.lr}")
+        if not (self.keyframe_weight > 0 and math.isfinite(self.keyframe_weight)) or self.keyframe_window < 1:
+            raise ConfigError(f"DaggerConfig.keyframe_weight must be > 0 and keyframe_window >= 1, got "
+                              f"{self.keyframe_weight} and {self.keyframe_window}")
         if self.seed + self.rounds > EVAL_SEED_OFFSET:
             raise ConfigError(f"DAgger rounds use seeds {self.seed}..{self.seed + self.rounds - 1}: they must stay "
                               f"below {EVAL_SEED_OFFSET}, where the evaluation layouts start")
@@ -109,6 +115,8 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
     before, now = (json.loads(saved.read_text()) if saved.is_file() else None), _jsonable(cfg)
     if before is not None:
         before.setdefault("benchmark", "mw")  # runs saved before LIBERO had DAgger
+        before.setdefault("keyframe_weight", 1.0)  # and before keyframe weights
+        before.setdefault("keyframe_window", 8)
         before = ran_settings(before)
     resuming = before == now
     if before is not None and not resuming and not overwrite:
@@ -170,7 +178,8 @@ def _round(cfg: DaggerConfig, out: Path, r: int, actor: Path, progress: bool, ex
     ckpt = folder / "vla"
     train_cfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                             warmup_steps=max(1, cfg.steps // 10), seed=cfg.seed + r,
-                            eval_every=max(1, cfg.steps // 6), save_every=max(1, cfg.steps // 6))
+                            eval_every=max(1, cfg.steps // 6), save_every=max(1, cfg.steps // 6),
+                            keyframe_weight=cfg.keyframe_weight, keyframe_window=cfg.keyframe_window)
     data = [Path(p) for p in cfg.demos] + [f for i in range(1, r + 1) for f in rollout_files(cfg, out / f"round_{i}")]
     t1 = time.perf_counter()
     if read_train_info(ckpt).get("step") != cfg.steps:  # not trained to the end yet
@@ -235,6 +244,8 @@ def _check_init(cfg: DaggerConfig) -> None:
     from heisd.targets.load import is_openvla
 
     load_recordable(cfg.init, cfg.benchmark, "--init", (PROTOCOL_RENDER_SIZE, True) if is_openvla(cfg.init) else None)
+    if is_openvla(cfg.init) and cfg.keyframe_weight != 1.0:
+        raise ConfigError("--keyframe-weight is for heisd's VLA (OpenVLA's fine-tuning weighs every frame alike)")
 
 
 def _chunk(checkpoint: Path) -> int:
