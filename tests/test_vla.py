@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from heisd.targets.vla import VLA, ActionTokenizer, CheckpointError, NormStats, TextTokenizer, VLAConfig
-from heisd.targets.vla.frames import Frames, chunk_targets, keyframe_weights
+from heisd.targets.vla.frames import EpisodeRecord, Frames, build_frames, chunk_targets, keyframe_weights
 from heisd.targets.vla.vision import random_shift, resize_images, resize_views
 
 INSTRUCTIONS = ["move left", "move right and open the gripper"]
@@ -74,8 +74,6 @@ def test_keyframe_weights_mark_the_frames_after_each_gripper_change():
     assert keyframe_weights(actions, 3, 5.0).tolist() == [1, 1, 1, 5, 5, 5, 1, 1, 1, 1, 5, 5]  # cut at the end
     assert keyframe_weights(actions[:3], 3, 5.0).tolist() == [1, 1, 1]  # no change, nothing weighted
     # training frames carry them into every batch; unweighted frames carry none
-    from heisd.targets.vla.frames import EpisodeRecord, build_frames
-
     record = EpisodeRecord("e", "t", INSTRUCTIONS[0], np.zeros((12, 8, 8, 3), np.uint8), np.zeros((12, 4), np.float32),
                            actions, 1)
     text, tok = TextTokenizer.train(INSTRUCTIONS), ActionTokenizer(1000, -np.ones(4), np.ones(4), n_bins=256)

@@ -115,8 +115,8 @@ def run_dagger(cfg: DaggerConfig, out: Path, overwrite: bool = False, progress: 
     before, now = (json.loads(saved.read_text()) if saved.is_file() else None), _jsonable(cfg)
     if before is not None:
         before.setdefault("benchmark", "mw")  # runs saved before LIBERO had DAgger
-        before.setdefault("keyframe_weight", 1.0)  # and before keyframe weights
-        before.setdefault("keyframe_window", 8)
+        for name in ("keyframe_weight", "keyframe_window"):  # and before keyframe weights: unweighted
+            before.setdefault(name, getattr(DaggerConfig, name))
         before = ran_settings(before)
     resuming = before == now
     if before is not None and not resuming and not overwrite:

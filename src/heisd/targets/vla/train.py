@@ -253,7 +253,8 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
     train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)
     # validation stays unweighted: its loss compares with runs trained without keyframe weights
     frames = [build_frames([records[i] for i in eps], model.text_tokenizer, model.action_tokenizer,
-                           model.config.chunk, *((cfg.keyframe_window, cfg.keyframe_weight) if train else ()))
+                           model.config.chunk, keyframe_window=cfg.keyframe_window,
+                           keyframe_weight=cfg.keyframe_weight if train else 1.0)
               if eps else None for eps, train in ((train_eps, True), (val_eps, False))]
     data = {"train_episodes": len(train_eps), "val_episodes": len(val_eps), "train_frames": len(frames[0]),
             "val_frames": len(frames[1]) if frames[1] else 0}
