@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # LIBERO-10's row of BENCHMARKS 17.4 from nothing, with the project's own commands: the wrist-camera
 # demonstrations (BENCHMARKS 18.9), the behaviour-cloned target and one DAgger round (18.10), the
-# drafter, datastore and calibration (as 18.3), the bench (as 17.3: the suite's two halves at the
+# round's fine-tune made again with keyframe weights (18.18: the shipped target), the drafter, datastore and calibration (as 18.3), the bench (as 17.3: the suite's two halves at the
 # same time, init states 0-2 of every task), then the 100-episode AR evaluation on init states 0-9
 # (last: the bench's row does not need it).
 #
 #   bash scripts/libero10.sh [STAGE ...]       # default: every stage, in order
 #
-# Stages: demos bc dagger drafter datastore calibrate bench eval. Every stage resumes: one whose
+# Stages: demos bc dagger keyframe drafter datastore calibrate bench eval. Every stage resumes: one whose
 # output is complete is skipped and one that was cut off continues (a task's recording from its
 # OUT.partial, training from its last checkpoint, DAgger from its kept rollouts, eval and bench from
 # their finished episodes), so a killed run is started again with the same command.
-# On the 2-core CPU machine (18.9, 18.10): demos about 2.3 h, bc 1.5 h, dagger 1.4 h, eval 1.2 h.
+# On the 2-core CPU machine (18.9, 18.10, 18.18): demos about 2.3 h, bc 1.5 h, dagger 1.4 h, keyframe
+# 0.9 h, eval 0.9 h.
 #
 # Environment: OUT (the working folder, default outputs/libero10 in the repository; every path named
 # here is inside it), WORKERS (simulator processes, default 2), HEISD and PY (the heisd command and
@@ -22,7 +23,7 @@ HEISD=${HEISD:-$ROOT/.venv/bin/heisd}
 PY=${PY:-$ROOT/.venv/bin/python}
 OUT=${OUT:-$ROOT/outputs/libero10}
 WORKERS=${WORKERS:-2}
-ALL_STAGES=(demos bc dagger drafter datastore calibrate bench eval)
+ALL_STAGES=(demos bc dagger keyframe drafter datastore calibrate bench eval)
 STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=("${ALL_STAGES[@]}")
 for s in "${STAGES[@]}"; do  # checked before anything is made
@@ -45,7 +46,8 @@ TASKS=(
   KITCHEN_SCENE8_put_both_moka_pots_on_the_stove
   KITCHEN_SCENE6_put_the_yellow_and_white_mug_in_the_microwave_and_close_it
 )
-TARGET=dag_l10w/round_1/vla
+ROUND=dag_l10w/round_1  # the DAgger round whose labelled rollouts the keyframe stage trains on
+TARGET=l10w_kf
 
 trained_to() {  # DIR STEPS: has the training run in DIR saved its checkpoint at step STEPS?
   [ -f "$1/train_info.json" ] && "$PY" -c \
@@ -83,34 +85,45 @@ stage_bc() {
 }
 stage_dagger() {
   demos_present
-  trained_to "$TARGET" 3000 && return
+  trained_to "$ROUND/vla" 3000 && return
   need l10w_bc 6000 bc
   "$HEISD" dagger --benchmark libero_10 --init l10w_bc --demos "${DEMOS[@]}" --tasks all --out dag_l10w \
     --episodes 6 --rounds 1 --steps 3000 --lr 3e-4 --threads 2 --workers "$WORKERS"
 }
+stage_keyframe() {  # the round's fine-tune again (seed 21, as dagger ran it) with the keyframes weighted up
+  demos_present
+  trained_to "$TARGET" 3000 && return
+  need "$ROUND/vla" 3000 dagger
+  local rollouts=() t
+  # the registry's task order, as dagger passed them, so the same episodes are held out
+  for t in "${TASKS[@]}"; do rollouts+=("$ROUND/rollouts/${t}_demo.hdf5"); done
+  "$HEISD" train-vla --benchmark libero --init-from l10w_bc --demos "${DEMOS[@]}" "${rollouts[@]}" --out "$TARGET" \
+    --steps 3000 --lr 3e-4 --warmup-steps 300 --seed 21 --eval-every 500 --save-every 500 --threads 2 \
+    --keyframe-weight 5 --keyframe-window 8 $([ -f "$TARGET/train_state.pt" ] && echo --resume)
+}
 stage_drafter() {
   demos_present
-  need "$TARGET" 3000 dagger
+  need "$TARGET" 3000 keyframe
   [ -f l10w_drafter/model.safetensors ] && return
   "$HEISD" train-drafter --target "$TARGET" --demos "${DEMOS[@]}" --out l10w_drafter --max-frames 8000 \
     --steps 2000 --batch-size 128 --threads 2
 }
 stage_datastore() {
   demos_present
-  need "$TARGET" 3000 dagger
+  need "$TARGET" 3000 keyframe
   [ -f datastore_l10w/manifest.json ] && return
   "$HEISD" build-datastore --benchmark libero_10 --target "$TARGET" --demos "${DEMOS[@]}" --out datastore_l10w \
     --threads 2
 }
 stage_calibrate() {
-  need "$TARGET" 3000 dagger
+  need "$TARGET" 3000 keyframe
   [ -f datastore_l10w/manifest.json ] && "$PY" -c \
     "import json,sys; sys.exit('hybrid' not in json.load(open('datastore_l10w/manifest.json'))['extras'])" && return
   "$HEISD" calibrate --target "$TARGET" --datastore datastore_l10w --demos demos/l10w_heldout/*.hdf5 \
     --drafter l10w_drafter --threads 2
 }
 stage_bench() {  # the two halves at the same time, one core each
-  need "$TARGET" 3000 dagger
+  need "$TARGET" 3000 keyframe
   local pids=() tasks half p
   for half in a b; do
     if [ $half = a ]; then tasks=("${TASKS[@]:0:5}"); else tasks=("${TASKS[@]:5:5}"); fi
@@ -126,7 +139,7 @@ stage_bench() {  # the two halves at the same time, one core each
   return 0
 }
 stage_eval() {
-  need "$TARGET" 3000 dagger
+  need "$TARGET" 3000 keyframe
   "$HEISD" eval --benchmark libero_10 --method ar --target "$TARGET" --tasks all --episodes 10 --seed 0 \
     --threads 1 --ray --ray-workers "$WORKERS" --out eval/ar
 }

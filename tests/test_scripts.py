@@ -64,31 +64,42 @@ def test_every_command_line_parses_and_finished_recordings_are_skipped(tmp_path,
     assert done.returncode == 0, done.stderr
     monkeypatch.chdir(work)  # the commands' paths are relative to OUT
     commands = [c[0] for c in calls]
-    assert commands == ["demos"] * (9 + 2 + 9) + ["train-vla", "dagger", "train-drafter", "build-datastore",
-                                                   "calibrate", "bench", "bench", "eval"]
+    assert commands == ["demos"] * (9 + 2 + 9) + ["train-vla", "dagger", "train-vla", "train-drafter",
+                                                   "build-datastore", "calibrate", "bench", "bench", "eval"]
+    train, keyframe = (c for c in calls if c[0] == "train-vla")
+    # the round's fine-tune again with keyframe weights, on its rollouts in the registry's task order
+    rollouts = [a for a in keyframe if a.startswith("dag_l10w/round_1/rollouts/")]
+    assert rollouts[0] == f"dag_l10w/round_1/rollouts/{TASK_0}_demo.hdf5" and len(set(rollouts)) == 10
+    (work / "dag_l10w" / "round_1" / "rollouts").mkdir()
+    for path in rollouts:  # what the real dagger stage leaves (the stand-in does not record)
+        (work / path).write_bytes(b"")
     for argv in calls:
         parser, _ = build_parser(argv[0])
         args = parser.parse_args(argv)
         check_args(_subparser(parser, args.command), args)
     recorded = [c[c.index("--tasks") + 1] for c in calls if c[0] == "demos" and "demos/l10w_s0" in c]
     assert TASK_0 not in recorded and len(set(recorded)) == 9
-    train = next(c for c in calls if c[0] == "train-vla")
     assert "--resume" not in train and "demos/l10w_s0/" + TASK_0 + "_demo.hdf5" in train
+    assert keyframe[keyframe.index("--init-from") + 1] == "l10w_bc" and keyframe[keyframe.index("--out") + 1] == "l10w_kf"
+    assert keyframe[keyframe.index("--keyframe-weight") + 1] == "5" and "--resume" not in keyframe
+    assert all(c[c.index("--target") + 1] == "l10w_kf" for c in calls if "--target" in c)
     halves = [c[c.index("--tasks") + 1:c.index("--episodes")] for c in calls if c[0] == "bench"]
     assert sorted(len(h) for h in halves) == [5, 5] and len(set(halves[0]) | set(halves[1])) == 10
 
 
-def test_a_cut_off_training_resumes_and_a_finished_one_is_skipped(tmp_path) -> None:
+@pytest.mark.parametrize("stage, run, steps", [("bc", "l10w_bc", 6000), ("keyframe", "l10w_kf", 3000)])
+def test_a_cut_off_training_resumes_and_a_finished_one_is_skipped(tmp_path, stage, run, steps) -> None:
     work = tmp_path / "work"
     _demo(work, "l10w_s0")
-    _trained(work / "l10w_bc", 3500)
-    (work / "l10w_bc" / "train_state.pt").write_bytes(b"")
-    done, calls = _run(tmp_path, "bc")
+    _trained(work / "dag_l10w" / "round_1" / "vla", 3000)  # what the keyframe stage builds on
+    _trained(work / run, steps // 2)
+    (work / run / "train_state.pt").write_bytes(b"")
+    done, calls = _run(tmp_path, stage)
     assert done.returncode == 0, done.stderr
     assert [c[0] for c in calls] == ["train-vla"] and "--resume" in calls[0]
-    _trained(work / "l10w_bc", 6000)
+    _trained(work / run, steps)
     (tmp_path / "calls.jsonl").unlink()
-    done, calls = _run(tmp_path, "bc")
+    done, calls = _run(tmp_path, stage)
     assert done.returncode == 0 and calls == []
 
 
@@ -105,14 +116,15 @@ def test_a_stage_never_builds_on_an_unfinished_training(tmp_path) -> None:
     _demo(work, "l10w_s0")
     _trained(work / "l10w_bc", 3500)
     for stage, message in (("dagger", "l10w_bc has not finished its 6000 steps: run the bc stage first"),
-                           ("bench", "dag_l10w/round_1/vla has not finished its 3000 steps: run the dagger stage")):
+                           ("keyframe", "dag_l10w/round_1/vla has not finished its 3000 steps: run the dagger stage"),
+                           ("bench", "l10w_kf has not finished its 3000 steps: run the keyframe stage")):
         done, calls = _run(tmp_path, stage)
         assert done.returncode == 2 and message in done.stderr and calls == []
 
 
 def test_the_bench_stage_prints_the_row_from_both_halves(tmp_path) -> None:
     work = tmp_path / "work"
-    _trained(work / "dag_l10w" / "round_1" / "vla", 3000)
+    _trained(work / "l10w_kf", 3000)
     for half, (sr, speedup) in {"a": (0.6, 1.25), "b": (0.8, 1.5)}.items():
         (work / "bench" / half).mkdir(parents=True)
         rows = [{"method": m, "episodes": 5, "sr": sr, "speedup": speedup if m == "heisd" else 1.0,
