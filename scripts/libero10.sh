@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # LIBERO-10's row of BENCHMARKS 17.4 from nothing, with the project's own commands: the wrist-camera
 # demonstrations (BENCHMARKS 18.9), the behaviour-cloned target and one DAgger round (18.10), the
-# round's fine-tune made again with keyframe weights (18.18: the shipped target), the drafter, datastore and calibration (as 18.3), the bench (as 17.3: the suite's two halves at the
-# same time, init states 0-2 of every task), then the 100-episode AR evaluation on init states 0-9
-# (last: the bench's row does not need it).
+# round's fine-tune made again with keyframe weights (18.18: the shipped target), the drafter,
+# datastore and calibration (as 18.3), the bench (as 17.3: the suite's two halves at the same time,
+# init states 0-2 of every task), then the 100-episode AR evaluation on init states 0-9 (last: the
+# bench's row does not need it).
 #
 #   bash scripts/libero10.sh [STAGE ...]       # default: every stage, in order
 #
-# Stages: demos bc dagger keyframe drafter datastore calibrate bench eval. Every stage resumes: one whose
-# output is complete is skipped and one that was cut off continues (a task's recording from its
-# OUT.partial, training from its last checkpoint, DAgger from its kept rollouts, eval and bench from
-# their finished episodes), so a killed run is started again with the same command.
+# Stages: demos bc dagger keyframe drafter datastore calibrate bench eval. Every stage resumes: one
+# whose output is complete is skipped and one that was cut off continues (a task's recording from
+# its OUT.partial, training from its last checkpoint, DAgger from its kept rollouts, eval and bench
+# from their finished episodes), so a killed run is started again with the same command.
 # On the 2-core CPU machine (18.9, 18.10, 18.18): demos about 2.3 h, bc 1.5 h, dagger 1.4 h, keyframe
 # 0.9 h, eval 0.9 h.
 #

@@ -80,8 +80,9 @@ def test_every_command_line_parses_and_finished_recordings_are_skipped(tmp_path,
     recorded = [c[c.index("--tasks") + 1] for c in calls if c[0] == "demos" and "demos/l10w_s0" in c]
     assert TASK_0 not in recorded and len(set(recorded)) == 9
     assert "--resume" not in train and "demos/l10w_s0/" + TASK_0 + "_demo.hdf5" in train
-    assert keyframe[keyframe.index("--init-from") + 1] == "l10w_bc" and keyframe[keyframe.index("--out") + 1] == "l10w_kf"
-    assert keyframe[keyframe.index("--keyframe-weight") + 1] == "5" and "--resume" not in keyframe
+    flag = lambda name: keyframe[keyframe.index(name) + 1]  # noqa: E731
+    assert flag("--init-from") == "l10w_bc" and flag("--out") == "l10w_kf" and flag("--keyframe-weight") == "5"
+    assert "--resume" not in keyframe
     assert all(c[c.index("--target") + 1] == "l10w_kf" for c in calls if "--target" in c)
     halves = [c[c.index("--tasks") + 1:c.index("--episodes")] for c in calls if c[0] == "bench"]
     assert sorted(len(h) for h in halves) == [5, 5] and len(set(halves[0]) | set(halves[1])) == 10
