@@ -49,6 +49,9 @@ TASKS=(
 )
 ROUND=dag_l10w/round_1  # the DAgger round whose labelled rollouts the keyframe stage trains on
 TARGET=l10w_kf
+BENCH=bench  # the bench's halves: bench/a, bench/b
+# shellcheck source=scripts/libero_bench.sh
+source "$ROOT/scripts/libero_bench.sh"
 
 trained_to() {  # DIR STEPS: has the training run in DIR saved its checkpoint at step STEPS?
   [ -f "$1/train_info.json" ] && "$PY" -c \
@@ -118,43 +121,19 @@ stage_datastore() {
 }
 stage_calibrate() {
   need "$TARGET" 3000 keyframe
-  [ -f datastore_l10w/manifest.json ] && "$PY" -c \
-    "import json,sys; sys.exit('hybrid' not in json.load(open('datastore_l10w/manifest.json'))['extras'])" && return
+  calibrated datastore_l10w && return
   "$HEISD" calibrate --target "$TARGET" --datastore datastore_l10w --demos demos/l10w_heldout/*.hdf5 \
     --drafter l10w_drafter --threads 2
 }
-stage_bench() {  # the two halves at the same time, one core each
+stage_bench() {
   need "$TARGET" 3000 keyframe
-  local pids=() tasks half p
-  for half in a b; do
-    if [ $half = a ]; then tasks=("${TASKS[@]:0:5}"); else tasks=("${TASKS[@]:5:5}"); fi
-    "$HEISD" bench --benchmark libero_10 --target "$TARGET" --drafter l10w_drafter --datastore datastore_l10w \
-      --tasks "${tasks[@]}" --episodes 3 --seed 0 --threads 1 \
-      --only specvla retrieval heisd heisd+no-prefill-skip+tol:paper+threshold --out bench/$half \
-      > "bench_$half.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || { echo "a bench half failed: see $OUT/bench_*.log" >&2; exit 1; }; done
-  echo "bench reports: $OUT/bench/a/report.md $OUT/bench/b/report.md"
-  [ -f bench/a/bench.json ] && [ -f bench/b/bench.json ] && row
-  return 0
+  bench_halves libero_10 --target "$TARGET" --drafter l10w_drafter --datastore datastore_l10w \
+    --only specvla retrieval heisd heisd+no-prefill-skip+tol:paper+threshold
 }
 stage_eval() {
   need "$TARGET" 3000 keyframe
   "$HEISD" eval --benchmark libero_10 --method ar --target "$TARGET" --tasks all --episodes 10 --seed 0 \
     --threads 1 --ray --ray-workers "$WORKERS" --out eval/ar
-}
-row() {  # BENCHMARKS 17.4's row from the two halves: successes over both, speedup and AL per half
-  "$PY" - <<'PY'
-import json
-a, b = (json.load(open(f"bench/{h}/bench.json")) for h in "ab")
-for ra, rb in zip(a, b, strict=True):
-    assert ra["method"] == rb["method"], "the halves benched other methods"
-    wins = round(ra["sr"] * ra["episodes"]) + round(rb["sr"] * rb["episodes"])
-    n = ra["episodes"] + rb["episodes"]
-    print(f"{ra['method']}: {wins}/{n} ({100 * wins / n:.1f}%), speedup {ra['speedup']:.2f}x / {rb['speedup']:.2f}x, "
-          f"AL {ra['acceptance_length']:.2f} / {rb['acceptance_length']:.2f}")
-PY
 }
 
 for s in "${STAGES[@]}"; do
