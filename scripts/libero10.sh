@@ -25,12 +25,9 @@ PY=${PY:-$ROOT/.venv/bin/python}
 OUT=${OUT:-$ROOT/outputs/libero10}
 WORKERS=${WORKERS:-2}
 ALL_STAGES=(demos bc dagger keyframe drafter datastore calibrate bench eval)
-STAGES=("$@")
-[ ${#STAGES[@]} -gt 0 ] || STAGES=("${ALL_STAGES[@]}")
-for s in "${STAGES[@]}"; do  # checked before anything is made
-  [[ " ${ALL_STAGES[*]} " == *" $s "* ]] || { echo "unknown stage '$s'; stages: ${ALL_STAGES[*]}" >&2; exit 2; }
-done
-[ -x "$HEISD" ] || { echo "no $HEISD: run 'make install' first" >&2; exit 2; }
+# shellcheck source=scripts/libero_stages.sh
+source "$ROOT/scripts/libero_stages.sh"
+pick_stages "$@"
 mkdir -p "$OUT"
 cd "$OUT"
 
@@ -50,8 +47,6 @@ TASKS=(
 ROUND=dag_l10w/round_1  # the DAgger round whose labelled rollouts the keyframe stage trains on
 TARGET=l10w_kf
 BENCH=bench  # the bench's halves: bench/a, bench/b
-# shellcheck source=scripts/libero_bench.sh
-source "$ROOT/scripts/libero_bench.sh"
 
 trained_to() {  # DIR STEPS: has the training run in DIR saved its checkpoint at step STEPS?
   [ -f "$1/train_info.json" ] && "$PY" -c \
@@ -136,7 +131,4 @@ stage_eval() {
     --threads 1 --ray --ray-workers "$WORKERS" --out eval/ar
 }
 
-for s in "${STAGES[@]}"; do
-  echo "== $s ($(date -u +%H:%M:%S) UTC)"
-  "stage_$s"
-done
+run_stages ""

@@ -27,12 +27,9 @@ ALL_STAGES=(demos datastore calibrate bench)
 SUITE=${1:-}
 [[ " ${SUITES[*]} " == *" $SUITE "* ]] || { echo "usage: $0 SUITE [STAGE ...]; SUITE: ${SUITES[*]}" >&2; exit 2; }
 shift
-STAGES=("$@")
-[ ${#STAGES[@]} -gt 0 ] || STAGES=("${ALL_STAGES[@]}")
-for s in "${STAGES[@]}"; do  # checked before anything is made
-  [[ " ${ALL_STAGES[*]} " == *" $s "* ]] || { echo "unknown stage '$s'; stages: ${ALL_STAGES[*]}" >&2; exit 2; }
-done
-[ -x "$HEISD" ] || { echo "no $HEISD: run 'make install' first" >&2; exit 2; }
+# shellcheck source=scripts/libero_stages.sh
+source "$ROOT/scripts/libero_stages.sh"
+pick_stages "$@"
 cd "$ROOT"
 OUT=${OUT:-outputs/$SUITE}
 mkdir -p "$OUT"
@@ -40,8 +37,6 @@ TARGET=checkpoints/$SUITE/vla
 DRAFTER=checkpoints/$SUITE/drafter
 DATASTORE=$OUT/datastore
 BENCH=$OUT/bench  # the bench's halves: BENCH/a, BENCH/b
-# shellcheck source=scripts/libero_bench.sh
-source "$ROOT/scripts/libero_bench.sh"
 
 record() {  # FOLDER TASK EPISODES SEED NOISE: one task's expert episodes into OUT/demos/FOLDER, unless there
   local out=$OUT/demos/$1
@@ -124,7 +119,4 @@ stage_bench() {
     --only specvla retrieval heisd "$PAPER"
 }
 
-for s in "${STAGES[@]}"; do
-  echo "== $SUITE $s ($(date -u +%H:%M:%S) UTC)"
-  "stage_$s"
-done
+run_stages "$SUITE "

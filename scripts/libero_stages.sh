@@ -1,6 +1,25 @@
-# The bench stage shared by scripts/libero10.sh and scripts/libero_row.sh (sourced, not run): the
-# suite's two halves benched at the same time, one core each (as BENCHMARKS 17.3), then 17.4's row.
-# Reads HEISD, PY, TASKS (the suite's tasks in LIBERO's order) and BENCH (where the halves go).
+# What scripts/libero10.sh and scripts/libero_row.sh share (sourced, not run): choosing the stages,
+# running them, and the bench stage (the suite's two halves at the same time, one core each, as
+# BENCHMARKS 17.3, then 17.4's row). Reads HEISD, PY, ALL_STAGES, TASKS (the suite's tasks in
+# LIBERO's order) and BENCH (where the halves go).
+
+pick_stages() {  # STAGE...: sets STAGES (none: ALL_STAGES), refusing an unknown one before anything is made
+  STAGES=("$@")
+  [ ${#STAGES[@]} -gt 0 ] || STAGES=("${ALL_STAGES[@]}")
+  local s
+  for s in "${STAGES[@]}"; do
+    [[ " ${ALL_STAGES[*]} " == *" $s "* ]] || { echo "unknown stage '$s'; stages: ${ALL_STAGES[*]}" >&2; exit 2; }
+  done
+  [ -x "$HEISD" ] || { echo "no $HEISD: run 'make install' first" >&2; exit 2; }
+}
+
+run_stages() {  # LABEL: each of STAGES in turn, its start time logged
+  local s
+  for s in "${STAGES[@]}"; do
+    echo "== $1$s ($(date -u +%H:%M:%S) UTC)"
+    "stage_$s"
+  done
+}
 
 calibrated() {  # DATASTORE: has calibrate written its hybrid threshold into the datastore's manifest?
   [ -f "$1/manifest.json" ] && "$PY" -c \
