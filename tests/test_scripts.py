@@ -68,6 +68,12 @@ def _trained(run: Path, step: int) -> None:
     (run / "train_info.json").write_text(json.dumps({"step": step}))
 
 
+def _calibrated(datastore: Path) -> None:
+    """A datastore that calibrate has written its hybrid threshold into (what the bench stage reads)."""
+    datastore.mkdir(parents=True)
+    (datastore / "manifest.json").write_text(json.dumps({"extras": {"hybrid": {}}}))
+
+
 def test_every_command_line_parses_and_finished_recordings_are_skipped(tmp_path, monkeypatch) -> None:
     work = tmp_path / "work"
     _demo(work, "l10w_s0")  # task 0's files are there: only the other 9 tasks are recorded
@@ -153,11 +159,6 @@ def test_the_bench_stage_prints_the_row_from_both_halves(tmp_path, script, ready
     assert [c[0] for c in calls] == ["bench", "bench"]
     assert "ar: 7/10 (70.0%), speedup 1.00x / 1.00x, AL 1.00 / 1.00" in done.stdout
     assert "heisd: 7/10 (70.0%), speedup 1.25x / 1.50x, AL 4.50 / 4.50" in done.stdout
-
-
-def _calibrated(datastore: Path) -> None:
-    datastore.mkdir(parents=True)
-    (datastore / "manifest.json").write_text(json.dumps({"extras": {"hybrid": {}}}))
 
 
 # per suite: the recordings (training folders, then the held-out one), demos calls, the paper's HeiSD
