@@ -122,8 +122,7 @@ stage_calibrate() {
 }
 stage_bench() {
   need "$TARGET" 3000 keyframe
-  bench_halves libero_10 --target "$TARGET" --drafter l10w_drafter --datastore datastore_l10w \
-    --only specvla retrieval heisd heisd+no-prefill-skip+tol:paper+threshold
+  bench_halves libero_10 --target "$TARGET" --drafter l10w_drafter --datastore datastore_l10w
 }
 stage_eval() {
   need "$TARGET" 3000 keyframe

@@ -45,7 +45,7 @@ record() {  # FOLDER TASK EPISODES SEED NOISE: one task's expert episodes into O
     --noise "$5" --image-size 128 --workers "$WORKERS" --out "$out"
 }
 # per suite: TASKS in LIBERO's order, the training recordings (record_demos, DEMO_FOLDERS), the held-out
-# ones (HELDOUT) and the paper's HeiSD as the row ran it (PAPER)
+# ones (HELDOUT)
 case $SUITE in
   libero_spatial)
     P=pick_up_the_black_bowl_ S=_and_place_it_on_the_plate
@@ -63,7 +63,7 @@ case $SUITE in
       done
       for t in "${TASKS[@]}"; do record spatial_heldout "$t" 2 2 0; done
     }
-    DEMO_FOLDERS=(spatial_s3 spatial_s4) HELDOUT=spatial_heldout PAPER=heisd+no-prefill-skip+tol:paper+threshold ;;
+    DEMO_FOLDERS=(spatial_s3 spatial_s4) HELDOUT=spatial_heldout ;;
   libero_object)
     TASKS=()
     for t in alphabet_soup cream_cheese salad_dressing bbq_sauce ketchup tomato_sauce butter milk chocolate_pudding \
@@ -73,8 +73,7 @@ case $SUITE in
       for t in "${TASKS[@]}"; do record libero_object "$t" 50 0 0.3; done
       for t in "${TASKS[@]}"; do record libero_heldout "$t" 2 1 0; done
     }
-    # 8.3 benched the paper's switch with our tolerance
-    DEMO_FOLDERS=(libero_object) HELDOUT=libero_heldout PAPER=heisd+no-prefill-skip+threshold ;;
+    DEMO_FOLDERS=(libero_object) HELDOUT=libero_heldout ;;
   libero_goal)
     TASKS=(open_the_middle_drawer_of_the_cabinet put_the_bowl_on_the_stove put_the_wine_bottle_on_top_of_the_cabinet
            open_the_top_drawer_and_put_the_bowl_inside put_the_bowl_on_top_of_the_cabinet
@@ -90,7 +89,7 @@ case $SUITE in
       record goal_s3 put_the_wine_bottle_on_the_rack 40 3 0.3
       for t in "${TASKS[@]}"; do record goal_heldout "$t" 2 2 0; done
     }
-    DEMO_FOLDERS=(goal_s0 goal_s1 goal_s1c goal_s3) HELDOUT=goal_heldout PAPER=heisd+no-prefill-skip+tol:paper+threshold ;;
+    DEMO_FOLDERS=(goal_s0 goal_s1 goal_s1c goal_s3) HELDOUT=goal_heldout ;;
 esac
 
 files_of() {  # FOLDER...: sets FILES to the recorded files in OUT/demos/FOLDER..., refusing none
@@ -116,8 +115,7 @@ stage_calibrate() {
 }
 stage_bench() {
   calibrated "$DATASTORE" || { echo "$DATASTORE is not calibrated: run the calibrate stage first" >&2; exit 2; }
-  bench_halves "$SUITE" --target "$TARGET" --drafter "$DRAFTER" --datastore "$DATASTORE" \
-    --only specvla retrieval heisd "$PAPER"
+  bench_halves "$SUITE" --target "$TARGET" --drafter "$DRAFTER" --datastore "$DATASTORE"
 }
 
 run_stages "$SUITE "

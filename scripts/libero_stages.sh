@@ -26,13 +26,16 @@ calibrated() {  # DATASTORE: has calibrate written its hybrid threshold into the
     "import json, sys; sys.exit('hybrid' not in json.load(open(sys.argv[1]))['extras'])" "$1/manifest.json"
 }
 
-bench_halves() {  # BENCHMARK FLAG...: TASKS' first and last five at once, each into BENCH/{a,b}
+# the row's methods beside AR: SpecVLA, retrieval, ours and the paper's HeiSD (its switch and tolerance)
+ROW_METHODS=(specvla retrieval heisd heisd+no-prefill-skip+tol:paper+threshold)
+
+bench_halves() {  # BENCHMARK FLAG...: TASKS' first and last five at once, each into BENCH/{a,b}, ROW_METHODS
   local benchmark=$1 pids=() tasks half p
   shift
   for half in a b; do
     if [ $half = a ]; then tasks=("${TASKS[@]:0:5}"); else tasks=("${TASKS[@]:5:5}"); fi
     "$HEISD" bench --benchmark "$benchmark" --tasks "${tasks[@]}" --episodes 3 --seed 0 --threads 1 "$@" \
-      --out "$BENCH/$half" > "${BENCH}_$half.log" 2>&1 &
+      --only "${ROW_METHODS[@]}" --out "$BENCH/$half" > "${BENCH}_$half.log" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || { echo "a bench half failed: see ${BENCH}_a.log and ${BENCH}_b.log" >&2; exit 1; }; done

@@ -22,6 +22,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 SCRIPT = SCRIPTS / "libero10.sh"
 ROW_SCRIPT = SCRIPTS / "libero_row.sh"
 TASK_0 = "LIVING_ROOM_SCENE2_put_both_the_alphabet_soup_and_the_tomato_sauce_in_the_basket"
+# every row benches the same methods beside AR: the paper's HeiSD is its switch and tolerance
+ROW_METHODS = ["specvla", "retrieval", "heisd", "heisd+no-prefill-skip+tol:paper+threshold"]
 
 
 # logs its arguments and leaves what the stages check: a training's train_info.json at its last step,
@@ -104,6 +106,7 @@ def test_every_command_line_parses_and_finished_recordings_are_skipped(tmp_path,
     assert all(c[c.index("--target") + 1] == "l10w_kf" for c in calls if "--target" in c)
     halves = [c[c.index("--tasks") + 1:c.index("--episodes")] for c in calls if c[0] == "bench"]
     assert sorted(len(h) for h in halves) == [5, 5] and len(set(halves[0]) | set(halves[1])) == 10
+    assert all(c[c.index("--only") + 1:c.index("--out")] == ROW_METHODS for c in calls if c[0] == "bench")
 
 
 @pytest.mark.parametrize("stage, run, steps", [("bc", "l10w_bc", 6000), ("keyframe", "l10w_kf", 3000)])
@@ -161,19 +164,17 @@ def test_the_bench_stage_prints_the_row_from_both_halves(tmp_path, script, ready
     assert "heisd: 7/10 (70.0%), speedup 1.25x / 1.50x, AL 4.50 / 4.50" in done.stdout
 
 
-# per suite: the recordings (training folders, then the held-out one), demos calls, the paper's HeiSD
-ROWS = {"libero_goal": (["goal_s0", "goal_s1", "goal_s1c", "goal_s3"], "goal_heldout", 29,
-                        "heisd+no-prefill-skip+tol:paper+threshold"),
-        "libero_spatial": (["spatial_s3", "spatial_s4"], "spatial_heldout", 24,
-                           "heisd+no-prefill-skip+tol:paper+threshold"),
-        "libero_object": (["libero_object"], "libero_heldout", 20, "heisd+no-prefill-skip+threshold")}
+# per suite: the recordings (training folders, then the held-out one) and demos calls
+ROWS = {"libero_goal": (["goal_s0", "goal_s1", "goal_s1c", "goal_s3"], "goal_heldout", 29),
+        "libero_spatial": (["spatial_s3", "spatial_s4"], "spatial_heldout", 24),
+        "libero_object": (["libero_object"], "libero_heldout", 20)}
 
 
 @pytest.mark.parametrize("suite", ROWS)
 def test_a_row_runs_from_the_shipped_target_and_every_command_line_parses(tmp_path, suite) -> None:
     from heisd.benchmarks.libero import suite_tasks
 
-    folders, heldout, n_demos, paper = ROWS[suite]
+    folders, heldout, n_demos = ROWS[suite]
     tasks = suite_tasks(suite)
     work = tmp_path / "work"
     _demo(work, heldout, tasks[0])  # a finished recording is not made again
@@ -195,7 +196,7 @@ def test_a_row_runs_from_the_shipped_target_and_every_command_line_parses(tmp_pa
     assert {Path(p).parent.name for p in calibrate[calibrate.index("--demos") + 1:calibrate.index("--drafter")]} == {heldout}
     assert all(flag(c, "--target") == f"checkpoints/{suite}/vla" for c in (store, calibrate, *benches))
     assert all(flag(c, "--drafter") == f"checkpoints/{suite}/drafter" for c in (calibrate, *benches))
-    assert all(c[c.index("--only") + 1:c.index("--out")] == ["specvla", "retrieval", "heisd", paper] for c in benches)
+    assert all(c[c.index("--only") + 1:c.index("--out")] == ROW_METHODS for c in benches)
     halves = {tuple(c[c.index("--tasks") + 1:c.index("--episodes")]) for c in benches}  # run at once: any order
     assert halves == {tasks[:5], tasks[5:]}
     (tmp_path / "calls.jsonl").unlink()  # run again: everything is there, nothing but the bench runs
