@@ -11,9 +11,8 @@
 # task's file is kept and a task cut off mid-way continues from its OUT.partial, a finished datastore
 # or calibration is skipped, and the bench continues from its finished episodes, so a killed run is
 # started again with the same command. Commands run from the repository root, so the reports name
-# paths a reader can paste. On the 2-core CPU machine (BENCHMARKS 17.6): Goal's recordings about an
-# hour, its datastore and calibration 4 minutes, its bench 20; Spatial's recordings took about 35
-# minutes and Object's two hours of one core when they were first made (checkpoints/README.md).
+# paths a reader can paste. On the 2-core CPU machine (BENCHMARKS 17.6, 16.4, 8.6), each suite's
+# recordings about an hour, its datastore and calibration 4-5 minutes and its bench 20-23.
 #
 # Environment: OUT (the working folder, relative to the repository root; default outputs/SUITE),
 # WORKERS (simulator processes, default 2), HEISD and PY (the heisd command and the Python that has
