@@ -225,11 +225,14 @@ def is_rim_grasp(object_half: np.ndarray, c: ExpertConfig) -> bool:
 
 def rim_points(s: Scene, c: ExpertConfig) -> list[tuple[np.ndarray, float]]:
     """(grasp point, yaw) on a bowl's wall where the fingers straddle it, closing along the radius,
-    `finger_reach` below the rim: its sides in y first (yaw 0), then the diagonals, then x."""
+    `finger_reach` below the rim: its sides in y first (yaw 0), then the diagonals, the two at yaw +45°
+    before the two at -45°, then x. The diagonals by the sign of their turn: in an order that
+    alternated it, which one first cleared the hand flipped the grasp between +45° and -45° (and -90°)
+    from one layout to the next, a choice no camera can see (BENCHMARKS 18.21)."""
     z = max(s.object_top - c.finger_reach, s.floor + c.floor_clearance)
     (x, y), (hx, hy) = s.object_center[:2], s.object_half - c.rim_inset
     out = []
-    for phi in np.radians([90, -90, 45, 135, -45, -135, 0, 180]):
+    for phi in np.radians([90, -90, 135, -45, 45, -135, 0, 180]):
         yaw = _angle(phi - np.pi / 2)
         yaw = _angle(yaw + np.pi) if abs(yaw) > np.pi / 2 + 1e-9 else yaw  # the hand is symmetric
         out.append((np.array([x + hx * np.cos(phi), y + hy * np.sin(phi), z]), float(yaw)))
