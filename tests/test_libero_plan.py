@@ -63,31 +63,33 @@ def test_turn_on_push_and_unknown_predicates():
         plan([["stack", "a", "b"]])
 
 
+BOWL_HALF = np.array([0.078, 0.078])  # LIBERO's black bowl, 15.7 cm across
+
+
+def _bowl(obstacles=()) -> Scene:
+    """The bowl standing at the origin, the hand above it, `obstacles` as `Scene` takes them."""
+    return Scene(eef=np.array([0.0, 0.0, 1.2]), object_center=np.array([0.0, 0.0, 0.927]), object_bottom=0.9,
+                 object_top=0.954, place=np.zeros(3), object_half=BOWL_HALF, floor=0.9,
+                 obstacles=np.array(obstacles, dtype=np.float64).reshape(-1, 4))
+
+
 def test_a_bowl_is_grasped_by_its_wall_on_the_clear_side():
-    half = np.array([0.078, 0.078])  # LIBERO's black bowl, 15.7 cm across
-    assert is_rim_grasp(half, CFG) and not is_rim_grasp(np.array([0.036, 0.036]), CFG)  # a can: centre grasp
-    centre = np.array([0.0, 0.0, 0.927])
-    s = Scene(eef=np.array([0.0, 0.0, 1.2]), object_center=centre, object_bottom=0.9, object_top=0.954,
-              place=np.zeros(3), object_half=half, floor=0.9)
-    g = PickPlace().grasp_point(s)
-    assert g[1] == pytest.approx(half[1] - CFG.rim_inset) and g[2] == pytest.approx(0.954 - CFG.finger_reach)
-    tall = np.array([[0.0, 0.16, 0.04, 1.1]])  # a tall neighbour beyond the +y wall: take the -y wall
-    g = PickPlace().grasp_point(Scene(**{**s.__dict__, "obstacles": tall}))
-    assert g[1] == pytest.approx(-(half[1] - CFG.rim_inset))
+    assert is_rim_grasp(BOWL_HALF, CFG) and not is_rim_grasp(np.array([0.036, 0.036]), CFG)  # a can: centre grasp
+    g = PickPlace().grasp_point(_bowl())
+    assert g[1] == pytest.approx(BOWL_HALF[1] - CFG.rim_inset) and g[2] == pytest.approx(0.954 - CFG.finger_reach)
+    tall = [[0.0, 0.16, 0.04, 1.1]]  # a tall neighbour beyond the +y wall: take the -y wall
+    g = PickPlace().grasp_point(_bowl(tall))
+    assert g[1] == pytest.approx(-(BOWL_HALF[1] - CFG.rim_inset))
 
 
 def test_a_bowl_boxed_in_y_is_taken_at_a_diagonal_turned_plus_45_while_one_is_clear():
     # LIBERO-10's bowl beside the open drawer: the y walls are blocked and the diagonal taken used to flip
     # between +45 and -45 degrees with which one first cleared the hand by 1 cm (BENCHMARKS 18.21)
-    half, r = np.array([0.078, 0.078]), 0.078 - CFG.rim_inset
-    s = Scene(eef=np.array([0.0, 0.0, 1.2]), object_center=np.array([0.0, 0.0, 0.927]), object_bottom=0.9,
-              object_top=0.954, place=np.zeros(3), object_half=half, floor=0.9)
     walls_y = [[0.0, 0.16, 0.04, 1.1], [0.0, -0.16, 0.04, 1.1]]
     corner = {"-x+y": [-0.13, 0.13, 0.03, 1.1], "+x-y": [0.13, -0.13, 0.03, 1.1]}
-    d = r / np.sqrt(2)
+    d = (BOWL_HALF[0] - CFG.rim_inset) / np.sqrt(2)
     for blocked, (x, y), yaw in [([], (-d, d), 45), (["-x+y"], (d, -d), 45), (["-x+y", "+x-y"], (d, d), -45)]:
-        grasp, got = choose_rim(Scene(**{**s.__dict__, "obstacles": np.array(walls_y + [corner[k] for k in blocked])}),
-                                CFG)
+        grasp, got = choose_rim(_bowl(walls_y + [corner[k] for k in blocked]), CFG)
         assert grasp[:2] == pytest.approx([x, y]) and np.degrees(got) == pytest.approx(yaw)
 
 
