@@ -11,6 +11,7 @@ from conftest import LIBERO_TASK
 from heisd.benchmarks.libero_experts import check_expert_suite
 from heisd.benchmarks.libero_skills import (
     ExpertConfig, Phase, PickPlace, Scene, approach_height, choose_grasp, choose_yaw, hand_clearance, place_turn,
+    rotation,
 )
 from heisd.errors import UsageError
 from heisd.runtime.recording import dart_action
@@ -105,6 +106,22 @@ def test_labels_carry_an_object_another_hand_lifted():
     elsewhere.act(_scene([-0.15, 0.0, 0.25], obj))
     a = elsewhere.act(_scene([-0.15, 0.0, 0.25], obj + [0.0, 0.0, 0.03]))
     assert elsewhere.phase is Phase.ABOVE and a[-1] == -1.0
+
+
+def test_labels_keep_an_object_another_hand_holds_turned_from_the_chosen_yaw():
+    """DAgger: the target took a bowl by its wall, 5.5 cm off its centre, with the hand turned 1 rad from the
+    yaw the labeller chose (0: no neighbours). Held is counted from the hand as it holds it: the bowl rising and
+    turning with the hand stays held, and the labels keep the hand's yaw instead of "open, turn, grasp again"."""
+    half, centre = (0.07, 0.07), np.array([0.05, -0.10, 0.03])
+    expert = PickPlace()
+    expert.act(_scene([-0.15, 0.0, 0.25], centre, height=0.06, half=half))
+    offset = np.array([0.055, 0.0, -0.02])  # bowl centre - end effector, the hand over its -x wall
+    for rise, turn in ((0.03, 0.0), (0.05, 0.0), (0.07, 0.3), (0.09, 0.6)):
+        eef = centre - offset + [0.0, 0.0, rise]
+        bowl = eef + rotation(np.array([0.0, 0.0, 1.0]), turn) @ offset
+        a = expert.act(_scene(eef, bowl, height=0.06, yaw=1.0 + turn, half=half))
+        assert expert.phase is Phase.LIFT and a[-1] == 1.0 and a[2] > 0
+        assert a[5] == pytest.approx(-CFG.yaw_gain * turn)  # back to the yaw it was taken at, not to 0
 
 
 def test_descent_held_short_of_the_grasp_closes_where_it_stands():

@@ -305,10 +305,16 @@ class PickPlace:
     def _choose(self, s: Scene) -> None:
         """The grasp point and yaw, and the turn the held object takes to fit its place: a quarter back
         through yaw 0 where the grasp is turned already (the wrist turns least)."""
-        self._grasp, self._yaw = self._grasp_and_yaw(s)
+        self._grasp, yaw = self._grasp_and_yaw(s)
         self._rest = s.object_bottom
+        self._hold_at(s, yaw)
+
+    def _hold_at(self, s: Scene, yaw: float) -> None:
+        """The yaw the object is (to be) held at, from which `_held_offset` turns the offset taken at the grasp
+        and the carry turns the object; and that turn, a quarter back through yaw 0 from it."""
+        self._yaw = yaw
         turn = place_turn(s.object_half, s.place_half, self.config.turn_gain)
-        self._turn = -np.sign(self._yaw or 1.0) * np.pi / 2 if turn else 0.0
+        self._turn = -np.sign(yaw or 1.0) * np.pi / 2 if turn else 0.0
 
     def _yaw_error(self, s: Scene) -> float:
         turned = self.phase in (Phase.CARRY, Phase.LOWER, Phase.RELEASE, Phase.RETREAT)
@@ -341,8 +347,11 @@ class PickPlace:
         c = self.config
         reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
         if self.phase in (Phase.ABOVE, Phase.DESCEND, Phase.CLOSE) and self._in_hand(s):
-            # labels follow the hand that holds it (carry it, never "open, go back over where it stood")
+            # labels follow the hand that holds it (carry it, never "open, go back over where it stood"), at the
+            # yaw it holds it: turned from the yaw chosen here, the offset would turn away from the object
+            # (a bowl's wall grasp, 6 cm off its centre: "lost" at 50 degrees) and the labels say "regrasp"
             self.phase, self._offset = Phase.LIFT, s.object_center - s.eef
+            self._hold_at(s, s.yaw)
         elif self.phase is Phase.ABOVE and reached() and abs(self._yaw_error(s)) < c.yaw_tolerance:
             self.phase, self._count = Phase.DESCEND, 0
         elif self.phase is Phase.DESCEND and (reached() or self._stalled(s)):
