@@ -399,3 +399,27 @@ def test_objects_sharing_a_region_sit_side_by_side_across_their_long_side(libero
     narrow = int(np.argmin(extents[long]))
     a, b = (place_point(reader, long, region, "in", slot, 2) for slot in (0, 1))
     np.testing.assert_allclose(b[:2] - a[:2], axes[:, narrow] * SLOT_SPACING * size[narrow], atol=1e-9)
+
+
+def test_a_pick_and_place_whose_object_lies_at_its_goal_is_done(libero_env):
+    """DAgger: the target let the cream cheese go over the basket. The labelling expert, waiting to grasp it,
+    goes on to the next step (here none: hold still, open) instead of "pick it up again"; out of the basket,
+    the expert reaches for it."""
+    from heisd.benchmarks.libero_experts import SimReader, TaskExpert
+
+    env = libero_env
+    _, info = env.reset(options={"init_state": 0})
+    sim, reader, eef = env.simulator.sim, SimReader(env.simulator), info["ee_pos"]
+    assert np.any(TaskExpert(env.simulator).act(eef)[:3] != 0)  # out of the basket: it reaches for it
+    saved = sim.get_state().flatten()
+    try:
+        lo, hi = reader.box("basket_1")
+        body = sim.model.body_name2id(env.simulator.objects_dict["cream_cheese_1"].root_body)
+        q = sim.model.jnt_qposadr[sim.model.body_jntadr[body]]
+        sim.data.qpos[q:q + 3] = [(lo[0] + hi[0]) / 2, (lo[1] + hi[1]) / 2, lo[2] + 0.05]
+        sim.forward()
+        assert reader.holds("in", "cream_cheese_1", "basket_1_contain_region")
+        np.testing.assert_array_equal(TaskExpert(env.simulator).act(eef), [0, 0, 0, 0, 0, 0, -1])
+    finally:
+        sim.set_state_from_flattened(saved)
+        sim.forward()

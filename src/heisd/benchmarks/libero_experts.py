@@ -24,6 +24,7 @@ from heisd.benchmarks.libero_skills import (
     DrawerScene,
     ExpertConfig,
     KnobScene,
+    Phase,
     PickPlace,
     Push,
     PushScene,
@@ -515,9 +516,17 @@ class TaskExpert:
     def _scene(self, step: Step, eef: np.ndarray):
         return SKILLS[step.skill][1](self.reader, step, eef)
 
+    def _placed_already(self) -> bool:
+        """A pick-and-place whose object is at its goal (LIBERO's own check) while its skill waits to grasp it
+        (at the start, or after the object left the hand) is done: a target that let go over the place
+        (DAgger) is labelled on to the next step, not back to pick the object up from where it belongs."""
+        step, skill = self.steps[self._i], self._skill
+        return step.skill == "pick_place" and skill.phase is Phase.ABOVE \
+            and self.reader.holds(step.relation, step.target, step.place)
+
     def act(self, eef: np.ndarray) -> np.ndarray:
         eef = np.asarray(eef, dtype=np.float64)
-        if self._skill is not None and self._skill.done:
+        while self._skill is not None and (self._skill.done or self._placed_already()):
             self._next()
         if self._skill is None:  # every step done: hold still, open
             a = np.zeros(7)
