@@ -472,6 +472,9 @@ SKILLS = {  # plan step -> (skill, the scene it reads)
 
 
 def _done_already(r: SimReader, step: Step) -> bool:
+    """The step's goal holds now (LIBERO's own check): a drawer open or shut, a stove on, an object at its place."""
+    if step.skill == "pick_place":
+        return r.holds(step.relation, step.target, step.place)
     predicate = {"open": "open", "close": "close", "turn_on": "turnon"}.get(step.skill)
     return predicate is not None and r.holds(predicate, step.target)
 
@@ -520,9 +523,8 @@ class TaskExpert:
         """A pick-and-place whose object is at its goal (LIBERO's own check) while its skill waits to grasp it
         (at the start, or after the object left the hand) is done: a target that let go over the place
         (DAgger) is labelled on to the next step, not back to pick the object up from where it belongs."""
-        step, skill = self.steps[self._i], self._skill
-        return step.skill == "pick_place" and skill.phase is Phase.ABOVE \
-            and self.reader.holds(step.relation, step.target, step.place)
+        step = self.steps[self._i]
+        return step.skill == "pick_place" and self._skill.phase is Phase.ABOVE and _done_already(self.reader, step)
 
     def act(self, eef: np.ndarray) -> np.ndarray:
         eef = np.asarray(eef, dtype=np.float64)
