@@ -55,7 +55,9 @@ CASES = [  # argv, exit code, what the one line must say
     (EVAL + ["--method", "specvla"], 2, "needs a drafter (--drafter DIR)"),
     (["eval", "--target", "{vla}", "--tasks", "fly-v3", "--out", "{root}/ev"], 2, "unknown mw task 'fly-v3'"),
     (["eval", "--target", "{root}/missing", "--out", "{root}/ev"], 1,
-     "no config.json in {root}/missing: not a target checkpoint directory"),
+     "{root}/missing: no such checkpoint directory (a relative path is read from the current directory"),
+    (["eval", "--target", "{root}", "--out", "{root}/ev"], 1,
+     "no config.json in {root}: not a target checkpoint directory"),
     (EVAL + ["--bogus"], 2, "unrecognized arguments: --bogus"),
     (["eval", "--target", "{vla}", "--out", "{notes}/ev"], 1, "notes.txt/ev: Not a directory"),  # an OSError
     (["build-datastore", "--target", "{vla}", "--demos", "{demos}", "{demos}", "--out", "{root}/s"], 2,
@@ -119,7 +121,8 @@ def test_debug_shows_the_traceback(files, capsys, monkeypatch) -> None:
     assert main([*argv, "--debug"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "CheckpointError" in err and err.rstrip().endswith(
-        f"no config.json in {files['root']}/missing: not a target checkpoint directory")
+        f"{files['root']}/missing: no such checkpoint directory (a relative path is read from the current "
+        f"directory, {os.getcwd()})")
     monkeypatch.setenv("HEISD_DEBUG", "1")
     assert main(argv) == 1 and "Traceback" in capsys.readouterr().err
     monkeypatch.setenv("HEISD_DEBUG", "0")
