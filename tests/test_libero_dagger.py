@@ -107,7 +107,7 @@ def test_libero_recordings_record_the_protocols_step_limit(tmp_path):
     run.mkdir()
     dagger = DaggerConfig(init=str(tmp_path / "missing"), demos=(), tasks=(TASK,), benchmark="libero_object")
     (run / "dagger.json").write_text(json.dumps({**_jsonable(dagger), "max_steps": 300}))
-    with pytest.raises(CheckpointError, match="not a target checkpoint"):  # as far as --init: the settings matched
+    with pytest.raises(CheckpointError, match="missing: no such checkpoint directory"):  # as far as --init: the settings matched
         run_dagger(dagger, run, progress=False)
 
 
