@@ -17,8 +17,8 @@ def checkpoint_kind(directory: str | Path) -> str:
     """`OPENVLA` or `SMALL_VLA`; a clear error for anything else."""
     if not Path(directory).is_dir():
         # a relative path through a linked folder (cd into outputs/x, then ../../checkpoints) lands elsewhere
-        raise CheckpointError(f"{directory}: no such checkpoint directory (a relative path is read from the "
-                              f"current directory, {Path.cwd()})")
+        where = "" if Path(directory).is_absolute() else f" (a relative path is read from here, {Path.cwd()})"
+        raise CheckpointError(f"{directory}: no such checkpoint directory{where}")
     path = Path(directory) / "config.json"
     config = read_json(path, missing=f"no config.json in {directory}: not a target checkpoint directory")
     kind = config.get("model_type")
