@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--init-from too; it keeps the end effector's xyz), so the frames alone decide when to "
                              "close (targets that read it mostly repeat it; on LIBERO-10 a fine-tune without it "
                              "chattered more: BENCHMARKS 18.11)")
+    parser.add_argument("--film", action="store_true",
+                        help="vla: condition the CNNs on the instruction (FiLM, as RT-1: a scale and a shift per "
+                             "channel of every stage from the prompt's mean embedding), so that one small target's "
+                             "few image tokens can differ per task; with --init-from the FiLM layers start at zero "
+                             "(the fine-tune starts from the checkpoint's exact behaviour). Such a target's vision "
+                             "is not replayed as CUDA graphs")
     parser.add_argument("--skip-invalid-episodes", action="store_true",
                         help="leave out demonstrations with non-finite or empty data (counted) instead of refusing")
     parser.add_argument("--workers", type=int, default=None,
@@ -128,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
                     overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
-                    init_from=args.init_from, device=str(device), mask_gripper=args.no_gripper_state)
+                    init_from=args.init_from, device=str(device), mask_gripper=args.no_gripper_state,
+                    film=args.film)
     print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
     return 0
 
@@ -145,6 +152,8 @@ def _train_openvla(args: argparse.Namespace, cfg, device: str) -> dict:
     if args.no_gripper_state:
         raise UsageError("--no-gripper-state is heisd's small VLA's: an OpenVLA-architecture target reads no robot "
                          "state at all")
+    if args.film:
+        raise UsageError("--film is heisd's small VLA's: an OpenVLA-architecture target's vision is OpenVLA's")
     if args.shift_pad is not None:
         raise UsageError("--shift-pad is heisd's small VLA's augmentation; --arch openvla trains with OpenVLA's random "
                          "crops (--crop-area)")

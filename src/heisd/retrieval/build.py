@@ -69,7 +69,8 @@ def key_dim(target: Target) -> int:
     """Width of the retrieval key (asked of the model rather than re-derived from its pooling)."""
     spec = target.spec
     frame = torch.zeros(1, *spec.frame_shape, dtype=torch.uint8)
-    return int(target.retrieval_key(frame, spec.state_input(np.zeros((1, spec.state_dim)))).shape[1])
+    state = spec.state_input(np.zeros((1, spec.state_dim)))
+    return int(target.retrieval_key(frame, state, target.encode_prompt("")).shape[1])
 
 
 def demo_tokens(target: Target, actions: np.ndarray, n_sequences: int) -> np.ndarray:

@@ -97,7 +97,9 @@ class Target(Protocol):
     def prefix_embeds(self, images: torch.Tensor, prompt_ids: torch.Tensor,
                       state: torch.Tensor | None) -> torch.Tensor: ...
 
-    def retrieval_key(self, images: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor: ...
+    # the prompt ids matter to a target whose vision reads the instruction (FiLM)
+    def retrieval_key(self, images: torch.Tensor, state: torch.Tensor | None,
+                      prompt_ids: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def teacher_forced(self, images: torch.Tensor, prompt_ids: torch.Tensor, state: torch.Tensor | None,
                        action_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None) -> TeacherForced:

@@ -120,7 +120,8 @@ class OpenVLA(nn.Module):
                       state: torch.Tensor | None = None) -> torch.Tensor:
         return self._assemble(self.image_features(images), prompt_ids)
 
-    def retrieval_key(self, images: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
+    def retrieval_key(self, images: torch.Tensor, state: torch.Tensor | None = None,
+                      prompt_ids: torch.Tensor | None = None) -> torch.Tensor:
         return self.image_features(images).mean(dim=1).float()
 
     def _assemble(self, patches: torch.Tensor, prompt_ids: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ The proprioception token is a linear projection of the normalized robot state (e
 xyz + gripper opening), as OpenVLA-OFT and LeRobot policies feed state to the backbone. A two-camera
 target (`views` 2: LIBERO's agentview and wrist camera, stacked in one frame, `heisd.data.views`) has
 a CNN per camera, as robomimic's policies do: the two views share nothing but the projector.
+A FiLM target (`film`) conditions each CNN on the instruction (RT-1's FiLM-EfficientNet does so):
+the mean embedding of the prompt's tokens sets a scale and a shift per channel of every stage.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from heisd.config_types import check_types
 from heisd.cuda_graphs import GraphedCall, require_cuda
+from heisd.errors import ConfigError
 from heisd.targets.base import TargetSpec, TeacherForced
 from heisd.targets.vla.action_tokenizer import ActionTokenizer
 from heisd.targets.vla.text_tokenizer import TextTokenizer
@@ -51,6 +54,9 @@ class VLAConfig:
     # state values the target never reads (zeroed once normalized, for the LLM and the retrieval key alike):
     # without the gripper opening the frames alone decide when to close (`train-vla --no-gripper-state`)
     masked_state: tuple[int, ...] = ()
+    # condition the CNNs on the instruction (`train-vla --film`); its layers start at zero, so a model
+    # given them computes what it did before (a fine-tune may add them)
+    film: bool = False
 
     @property
     def vocab_size(self) -> int:
@@ -83,6 +89,8 @@ class VLAConfig:
             d["masked_state"] = list(self.masked_state)
         else:
             del d["masked_state"]
+        if not self.film:  # and FiLM only when on
+            del d["film"]
         return d
 
     @classmethod
@@ -169,6 +177,11 @@ class VLA(nn.Module):
         self.register_buffer("state_std", torch.tensor(norm_stats.state_std, dtype=torch.float32), persistent=False)
         self.register_buffer("state_read", torch.ones(config.state_dim), persistent=False)
         self.mask_state(config.masked_state)
+        # per camera: the prompt's mean embedding -> FiLM values; made last, as a fine-tune adds them, so that
+        # the parameters keep one order (an optimizer's saved state follows it)
+        self.film: nn.ModuleList | None = None
+        if config.film:
+            self.add_film()
         self._pinned_fingerprint: str | None = None  # see pin_fingerprint
 
     @property
@@ -180,10 +193,25 @@ class VLA(nn.Module):
                           image_size=c.image_size, state_dim=c.state_dim, pad_id=self.text_tokenizer.pad_id,
                           views=c.views)
 
+    def add_film(self) -> None:
+        """Condition the CNNs on the instruction from now on (`VLAConfig.film`), with FiLM layers at zero:
+        until trained they change nothing. A model that has them keeps them."""
+        if self.film is None:
+            self.config.film = True
+            d = self.config.hidden_size
+            self.film = nn.ModuleList(nn.Linear(d, enc.film_dim) for enc in self._encoders())
+            for layer in self.film:
+                nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
+            self.film.to(self.state_proj.weight)
+
     # ----- prefix -----
     def use_cuda_graphs(self) -> None:
         """Replay the vision CNN as a CUDA graph per frame batch shape (inference); the graphs already
         captured are kept (each policy of a server asks again)."""
+        if self.film is not None:
+            raise ConfigError("CUDA graphs (--cuda-graphs) replay the vision CNN with fixed inputs; this target's "
+                              "CNN is conditioned on the instruction (FiLM) and is not graphed: run without them")
         require_cuda(self.vision.coords.device, "the target")
         for encoder in self._encoders():
             if encoder.graphed is None:
@@ -192,16 +220,30 @@ class VLA(nn.Module):
     def _encoders(self) -> list[VisionEncoder]:
         return [self.vision] if self.wrist_vision is None else [self.vision, self.wrist_vision]
 
-    def feature_maps(self, images: torch.Tensor) -> list[torch.Tensor]:
-        """uint8 [B, V*H, W, 3] (V = `views` cameras stacked) -> V feature maps [B, C, grid, grid]."""
-        return [enc.feature_map(v) for enc, v in zip(self._encoders(), split_views(images, self.config.views))]
+    def feature_maps(self, images: torch.Tensor, prompt_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """uint8 [B, V*H, W, 3] (V = `views` cameras stacked) -> V feature maps [B, C, grid, grid].
+        `prompt_ids` [B or 1, L] (left-padded with the pad id) is what a FiLM target conditions on."""
+        views = split_views(images, self.config.views)
+        films = self._film_values(prompt_ids, len(images))
+        return [enc.feature_map(v, f) for enc, v, f in zip(self._encoders(), views, films)]
+
+    def _film_values(self, prompt_ids: torch.Tensor | None, batch: int) -> list[torch.Tensor | None]:
+        if self.film is None:
+            return [None] * self.config.views
+        if prompt_ids is None:
+            raise ValueError("this target's vision is conditioned on the instruction (FiLM): pass its prompt ids")
+        ids = prompt_ids.to(self.state_mean.device)
+        real = (ids != self.text_tokenizer.pad_id).unsqueeze(-1).to(self.state_proj.weight.dtype)
+        embedded = self.llm.get_input_embeddings()(ids) * real
+        instruction = (embedded.sum(1) / real.sum(1).clamp(min=1)).expand(batch, -1)
+        return [layer(instruction) for layer in self.film]
 
     def _image_tokens(self, fmaps: list[torch.Tensor]) -> torch.Tensor:
         return self.projector(torch.cat([f.flatten(2).transpose(1, 2) for f in fmaps], dim=1))
 
-    def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
+    def image_tokens(self, images: torch.Tensor, prompt_ids: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 [B, V*H, W, 3] -> [B, V*grid*grid, d]."""
-        return self._image_tokens(self.feature_maps(images))
+        return self._image_tokens(self.feature_maps(images, prompt_ids))
 
     def state_token(self, state: torch.Tensor) -> torch.Tensor:
         """float [B, state_dim] (raw: ee xyz, gripper opening, goal xyz on mw) -> [B, 1, d]."""
@@ -232,11 +274,13 @@ class VLA(nn.Module):
         """[image tokens | state token | prompt] embeddings, [B, P, d]; P = grid^2 + 1 + L."""
         prompt = self.llm.get_input_embeddings()(prompt_ids.to(self.state_mean.device))
         state_token = self.state_token(self._state(state, len(images)))
-        return torch.cat([self.image_tokens(images), state_token, prompt], dim=1)
+        return torch.cat([self.image_tokens(images, prompt_ids), state_token, prompt], dim=1)
 
-    def retrieval_key(self, images: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-        """uint8 [B, V*H, W, 3] + state [B, state_dim] -> [B, V*4*C + state_dim], the retrieval key."""
-        return self._key(self.feature_maps(images), self._state(state, len(images)))
+    def retrieval_key(self, images: torch.Tensor, state: torch.Tensor | None,
+                      prompt_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [B, V*H, W, 3] + state [B, state_dim] -> [B, V*4*C + state_dim], the retrieval key
+        (a FiLM target needs the prompt ids too)."""
+        return self._key(self.feature_maps(images, prompt_ids), self._state(state, len(images)))
 
     def _key(self, fmaps: list[torch.Tensor], state: torch.Tensor) -> torch.Tensor:
         # The CNN features pooled on a 2x2 grid (where the object sits separates otherwise
@@ -254,7 +298,7 @@ class VLA(nn.Module):
 
         Same values as `prefix_embeds` and `retrieval_key`, without running the CNN twice.
         """
-        fmaps, state = self.feature_maps(images), self._state(state, len(images))
+        fmaps, state = self.feature_maps(images, prompt_ids), self._state(state, len(images))
         prompt = self.llm.get_input_embeddings()(prompt_ids.to(self.state_mean.device))
         prefix = torch.cat([self._image_tokens(fmaps), self.state_token(state), prompt], dim=1)
         return prefix, self._key(fmaps, state)

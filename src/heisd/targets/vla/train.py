@@ -201,6 +201,15 @@ def _mask_gripper(model: VLA, records: Sequence[EpisodeRecord], resumed: bool) -
     model.mask_state(tuple(sorted(set(model.config.masked_state) | set(dims))))
 
 
+def _add_film(model: VLA, resumed: bool) -> None:
+    """Condition the model's vision on the instruction (new, fine-tuned: `VLAConfig.film`); a resumed run
+    keeps what it was started with."""
+    if resumed and not model.config.film:
+        raise UsageError("--film on --resume: the run was started without FiLM (resume it without the flag, "
+                         "or start another run)")
+    model.add_film()
+
+
 @dataclass
 class TrainingSetup:
     """What a training run needs besides its config: the model kind's own part (heisd's VLA here,
@@ -236,7 +245,7 @@ def check_resumed_data(state: dict | None, data: dict) -> None:
 
 def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides: dict, resume: bool,
            benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
-           init_from: Path | None, mask_gripper: bool) -> tuple[TrainingSetup, TrainConfig]:
+           init_from: Path | None, mask_gripper: bool, film: bool) -> tuple[TrainingSetup, TrainConfig]:
     state, model = None, None
     if init_from is not None and not resume:
         model = _initial_model(init_from, chunk)
@@ -250,6 +259,8 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
         model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions, skip_invalid)
     if mask_gripper:
         _mask_gripper(model, records, resumed=resume)
+    if film:
+        _add_film(model, resumed=resume)
     train_eps, val_eps = _split(len(records), cfg.val_fraction, cfg.seed)
     # validation stays unweighted: its loss compares with runs trained without keyframe weights
     frames = [build_frames([records[i] for i in eps], model.text_tokenizer, model.action_tokenizer,
@@ -266,7 +277,7 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
 def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
           resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = (),
           overwrite: bool = False, skip_invalid: bool = False, init_from: Path | None = None,
-          device: str = "cpu", mask_gripper: bool = False) -> dict:
+          device: str = "cpu", mask_gripper: bool = False, film: bool = False) -> dict:
     """Train (or resume) and return the last logged metrics.
 
     `instructions`: extra instructions (the benchmark's task registry) for the text tokenizer,
@@ -278,12 +289,13 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     tokenizers, normalization: fine-tuning, e.g. a DAgger round) instead of a new model.
     `device`: where the model and all frames live while training (the saved files are the same);
     a run resumed on another device continues the same schedule, not the same random stream.
-    `mask_gripper`: the model stops reading the gripper opening (`VLAConfig.masked_state`).
+    `mask_gripper`: the model stops reading the gripper opening (`VLAConfig.masked_state`). `film`: its
+    vision reads the instruction (`VLAConfig.film`; an `init_from` model gets the FiLM layers at zero).
     """
     def body() -> dict:
         started = time.perf_counter()
         setup, run_cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions,
-                                skip_invalid, init_from, mask_gripper)
+                                skip_invalid, init_from, mask_gripper, film)
         return fit(setup, out, run_cfg, paths, init_from, torch.device(device), started)
 
     return guarded_run(Path(out), TRAINING_RUN, resume, overwrite, body)

@@ -56,8 +56,13 @@ class VisionEncoder(nn.Module):
     """Stride-2 conv stages (each followed by a stride-1 conv) over RGB + 2 coordinate channels.
 
     The coordinate channels (CoordConv) let the features say *where* an object is, which a
-    conv stack alone encodes poorly and which decides where the arm should move.
+    conv stack alone encodes poorly and which decides where the arm should move. With FiLM
+    conditioning (RT-1's answer to many tasks sharing one small image encoder) each stage's output
+    is scaled and shifted per channel by values computed from the instruction, so the few image
+    tokens can keep what this task needs.
     """
+
+    LAYERS_PER_STAGE = 6
 
     def __init__(self, channels: tuple[int, ...], image_size: int, shift_pad: int):
         super().__init__()
@@ -73,19 +78,37 @@ class VisionEncoder(nn.Module):
             c_in = c
         self.net = nn.Sequential(*layers)
         self.out_dim = c_in
+        self.film_dim = 2 * sum(channels)  # a scale and a shift per channel of every stage
         self.grid = image_size // 2 ** len(channels)
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, image_size), torch.linspace(-1, 1, image_size), indexing="ij")
         self.register_buffer("coords", torch.stack([xs, ys]).unsqueeze(0), persistent=False)
         self.graphed: GraphedCall | None = None  # the conv stack replayed as a CUDA graph (inference)
 
-    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 [B, H, W, 3] -> features [B, C, grid, grid]. Random shift only in training mode."""
+    def feature_map(self, images: torch.Tensor, film: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [B, H, W, 3] -> features [B, C, grid, grid]. Random shift only in training mode.
+        `film` [B, film_dim]: per stage, the scales (applied as 1 + scale, so zeros change nothing)
+        then the shifts of its channels."""
         x = resize_images(images, self.image_size).permute(0, 3, 1, 2).to(self.coords.device).float() / 127.5 - 1.0
         x = x.to(self.coords.dtype)  # the weights' device and dtype (--device, --dtype)
         if self.training and self.shift_pad > 0:
             x = random_shift(x, self.shift_pad)
         x = torch.cat([x, self.coords.expand(x.shape[0], -1, -1, -1)], dim=1)
+        if film is not None:
+            return self._conditioned(x, film.to(x.dtype))
         return self.graphed(x) if self.graphed is not None and not self.training else self.net(x)
+
+    def _conditioned(self, x: torch.Tensor, film: torch.Tensor) -> torch.Tensor:
+        if film.shape != (x.shape[0], self.film_dim):
+            raise ValueError(f"FiLM values must be [{x.shape[0]}, {self.film_dim}], got {tuple(film.shape)}")
+        layers, offset = list(self.net), 0
+        for start in range(0, len(layers), self.LAYERS_PER_STAGE):
+            for layer in layers[start:start + self.LAYERS_PER_STAGE]:
+                x = layer(x)
+            c = x.shape[1]
+            scale, shift = film[:, offset:offset + c], film[:, offset + c:offset + 2 * c]
+            x = x * (1 + scale[:, :, None, None]) + shift[:, :, None, None]
+            offset += 2 * c
+        return x
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> image tokens [B, grid*grid, C]."""
