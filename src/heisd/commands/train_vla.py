@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "chattered more: BENCHMARKS 18.11)")
     parser.add_argument("--film", action="store_true",
                         help="vla: condition the CNNs on the instruction (FiLM, as RT-1: a scale and a shift per "
-                             "channel of every stage from the prompt's mean embedding), so that one small target's "
+                             "channel of every stage from the prompt's normalized mean embedding), so that one small target's "
                              "few image tokens can differ per task; with --init-from the FiLM layers start at zero "
                              "(the fine-tune starts from the checkpoint's exact behaviour). Such a target's vision "
                              "is not replayed as CUDA graphs")

@@ -177,7 +177,7 @@ class VLA(nn.Module):
         self.register_buffer("state_std", torch.tensor(norm_stats.state_std, dtype=torch.float32), persistent=False)
         self.register_buffer("state_read", torch.ones(config.state_dim), persistent=False)
         self.mask_state(config.masked_state)
-        # per camera: the prompt's mean embedding -> FiLM values; made last, as a fine-tune adds them, so that
+        # per camera: the prompt's mean embedding -> LayerNorm -> FiLM values; made last, as a fine-tune adds them, so that
         # the parameters keep one order (an optimizer's saved state follows it)
         self.film: nn.ModuleList | None = None
         if config.film:
@@ -199,10 +199,13 @@ class VLA(nn.Module):
         if self.film is None:
             self.config.film = True
             d = self.config.hidden_size
-            self.film = nn.ModuleList(nn.Linear(d, enc.film_dim) for enc in self._encoders())
+            # normalized first: the prompts' mean embeddings differ by about 0.1 in norm (the shared template
+            # dominates them), too little for the zero-initialized layer to learn from at a fine-tune's rate
+            self.film = nn.ModuleList(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, enc.film_dim))
+                                      for enc in self._encoders())
             for layer in self.film:
-                nn.init.zeros_(layer.weight)
-                nn.init.zeros_(layer.bias)
+                nn.init.zeros_(layer[1].weight)
+                nn.init.zeros_(layer[1].bias)
             self.film.to(self.state_proj.weight)
 
     # ----- prefix -----
