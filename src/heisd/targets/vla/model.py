@@ -8,7 +8,7 @@ xyz + gripper opening), as OpenVLA-OFT and LeRobot policies feed state to the ba
 target (`views` 2: LIBERO's agentview and wrist camera, stacked in one frame, `heisd.data.views`) has
 a CNN per camera, as robomimic's policies do: the two views share nothing but the projector.
 A FiLM target (`film`) conditions each CNN on the instruction (RT-1's FiLM-EfficientNet does so):
-the mean embedding of the prompt's tokens sets a scale and a shift per channel of every stage.
+the prompt's mean token embedding, layer-normalized, sets a scale and a shift per channel of every stage.
 """
 
 from __future__ import annotations
