@@ -8,13 +8,18 @@ from pathlib import Path
 HELP = ("Train a target on demonstrations: heisd's small VLA (CNN + Llama, OpenVLA action tokens) or, with "
         "--arch openvla, OpenVLA's architecture at a small shape, saved in OpenVLA's file layout.")
 
-# actions per inference: Meta-World 2 x 4 dims = 8 tokens (close to OpenVLA's 7); LIBERO 1 x 7
+# default actions per inference: Meta-World 2 x 4 dims = 8 tokens (close to OpenVLA's 7); LIBERO 1 x 7, as OpenVLA
 CHUNK = {"mw": 2, "libero": 1}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark", choices=sorted(CHUNK), default="mw",
-                        help="sets the action chunk (mw: 2 actions x 4 dims = 8 tokens)")
+                        help="sets the default action chunk (mw: 2 actions x 4 dims = 8 tokens; libero: 1 x 7)")
+    parser.add_argument("--chunk", type=int, default=None,
+                        help="vla: actions predicted per inference, executed open loop (default: the benchmark's, "
+                             "mw 2, libero 1; OpenVLA-OFT predicts 8 on LIBERO). --init-from a checkpoint with "
+                             "another chunk re-chunks it: its tokenizers and bins carry over and it learns the "
+                             "longer action sequence. Kept on --resume")
     parser.add_argument("--arch", choices=("vla", "openvla"), default="vla",
                         help="vla: heisd's small target; openvla: OpenVLA's fused ViTs, projector and Llama at the "
                              "'small' shape (256 px LIBERO demonstrations with --shadows, through OpenVLA's frame "
@@ -112,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--keyframe-weight must be a positive number, got {args.keyframe_weight}")
     if args.keyframe_window < 1:
         raise UsageError(f"--keyframe-window must be >= 1 frame, got {args.keyframe_window}")
+    if args.chunk is not None and args.chunk < 1:
+        raise UsageError(f"--chunk must be >= 1 action, got {args.chunk}")
+    if args.arch == "openvla" and args.chunk not in (None, 1):
+        raise UsageError("--chunk is for --arch vla (OpenVLA predicts one action per inference)")
     if args.arch == "openvla" and args.keyframe_weight != 1.0:
         raise UsageError("--keyframe-weight is for --arch vla (OpenVLA's fine-tuning weighs every frame alike)")
     torch.set_num_threads(args.threads)
@@ -131,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
                  "intermediate_size": 4 * hidden, "image_size": args.image_size,
                  "vision_channels": tuple(int(c) for c in args.vision_channels.split(",")),
                  "shift_pad": 1 if args.shift_pad is None else args.shift_pad, "views": 2 if args.wrist else 1}
-    metrics = train(list(args.demos), args.out, cfg, chunk=CHUNK[args.benchmark], model_overrides=overrides,
+    chunk = args.chunk if args.chunk is not None or args.resume else CHUNK[args.benchmark]
+    metrics = train(list(args.demos), args.out, cfg, chunk=chunk, model_overrides=overrides,
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
                     overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
                     init_from=args.init_from, device=str(device), mask_gripper=args.no_gripper_state,

@@ -107,6 +107,11 @@ class VLAConfig:
         return cls(**d)
 
     def validate(self) -> None:
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1 action, got {self.chunk}")
+        if self.n_image_tokens + 1 + self.n_action_tokens >= self.max_positions:
+            raise ValueError(f"{self.n_image_tokens} image tokens, the state token and {self.n_action_tokens} action "
+                             f"tokens leave no room for the prompt in max_positions {self.max_positions}")
         if self.image_size % 2 ** len(self.vision_channels) or self.image_grid < 1:
             raise ValueError(f"image_size {self.image_size} not divisible by 2**{len(self.vision_channels)}")
         if self.views not in VIEWS:

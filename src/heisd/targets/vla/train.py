@@ -176,13 +176,13 @@ def trained_camera(checkpoint: str | Path) -> str | None:
 
 
 def _initial_model(directory: Path, chunk: int) -> VLA:
-    """A checkpoint to fine-tune: its tokenizers and action bins carry over, so its chunk must match."""
+    """A checkpoint to fine-tune: its tokenizers and action bins carry over. Another chunk re-chunks it:
+    the decoder that emitted one action's tokens learns to go on with the next ones."""
     if not (Path(directory) / CONFIG_FILE).is_file():
         raise InputError(f"--init-from {directory}: not a VLA checkpoint (no {CONFIG_FILE})")
     model = VLA.from_pretrained(directory)
-    if model.config.chunk != chunk:
-        raise InputError(f"--init-from {directory}: its chunk is {model.config.chunk} actions, this benchmark's "
-                         f"is {chunk}")
+    model.config.chunk = chunk
+    model.config.validate()
     return model
 
 
@@ -243,16 +243,21 @@ def check_resumed_data(state: dict | None, data: dict) -> None:
         raise InputError(f"--resume with different demonstrations: saved {state['data']}, now {data}")
 
 
-def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides: dict, resume: bool,
+def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None, overrides: dict, resume: bool,
            benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
            init_from: Path | None, mask_gripper: bool, film: bool) -> tuple[TrainingSetup, TrainConfig]:
     state, model = None, None
-    if init_from is not None and not resume:
-        model = _initial_model(init_from, chunk)
     if resume:
         state, cfg = resume_state(out, cfg)
         model = VLA.from_pretrained(out)
         model.load_state_dict(state["model"])
+        if chunk is not None and chunk != model.config.chunk:
+            raise UsageError(f"--chunk {chunk} on --resume: the run in {out} predicts {model.config.chunk} "
+                             "actions per inference (resume it without --chunk, or start another run)")
+    elif chunk is None:
+        raise UsageError("a new training run needs its chunk (actions per inference)")
+    elif init_from is not None:
+        model = _initial_model(init_from, chunk)
     config = model.config if model else VLAConfig(0, **overrides)
     records, dropped, invalid = read_episodes(paths, config.image_size, benchmark, skip_invalid, config.views)
     if model is None:
@@ -274,7 +279,7 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int, overrides
                          model.config.to_dict()), cfg
 
 
-def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_overrides: dict | None = None,
+def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None = 2, model_overrides: dict | None = None,
           resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = (),
           overwrite: bool = False, skip_invalid: bool = False, init_from: Path | None = None,
           device: str = "cpu", mask_gripper: bool = False, film: bool = False) -> dict:
@@ -289,6 +294,7 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int = 2, model_
     tokenizers, normalization: fine-tuning, e.g. a DAgger round) instead of a new model.
     `device`: where the model and all frames live while training (the saved files are the same);
     a run resumed on another device continues the same schedule, not the same random stream.
+    `chunk`: actions per inference (None on `resume`: the run's own; an `init_from` model is re-chunked).
     `mask_gripper`: the model stops reading the gripper opening (`VLAConfig.masked_state`). `film`: its
     vision reads the instruction (`VLAConfig.film`; an `init_from` model gets the FiLM layers at zero).
     """
