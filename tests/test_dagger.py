@@ -86,8 +86,9 @@ def test_init_from_fine_tunes_the_checkpoint(tiny_dir, tmp_path):
     a, b = init.state_dict(), tuned.state_dict()
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 0.05
     assert any(not torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(InputError, match="chunk"):
-        train([tmp_path / "d.hdf5"], tmp_path / "ft2", cfg, chunk=1, init_from=tiny_dir)
+    train([tmp_path / "d.hdf5"], tmp_path / "ft2", cfg, chunk=1, init_from=tiny_dir)  # re-chunked, bins kept
+    rechunked = VLA.from_pretrained(tmp_path / "ft2")
+    assert rechunked.config.chunk == 1 and rechunked.norm_stats.q01.tolist() == init.norm_stats.q01.tolist()
     with pytest.raises(InputError, match="not a VLA checkpoint"):
         train([tmp_path / "d.hdf5"], tmp_path / "ft3", cfg, init_from=tmp_path)
 
