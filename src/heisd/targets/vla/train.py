@@ -182,7 +182,10 @@ def _initial_model(directory: Path, chunk: int) -> VLA:
         raise InputError(f"--init-from {directory}: not a VLA checkpoint (no {CONFIG_FILE})")
     model = VLA.from_pretrained(directory)
     model.config.chunk = chunk
-    model.config.validate()
+    try:
+        model.config.validate()
+    except ValueError as e:
+        raise UsageError(f"--chunk {chunk} with --init-from {directory}: {e}") from e
     return model
 
 
