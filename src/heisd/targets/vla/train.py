@@ -143,6 +143,7 @@ def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructi
     text = TextTokenizer.train([r.instruction for r in records] + list(instructions))
     config = VLAConfig(text_vocab_size=text.vocab_size, action_dim=int(len(stats.q01)), chunk=chunk,
                        state_dim=int(states.shape[1]), **overrides)
+    _check_settings(config)
     torch.manual_seed(seed)
     return VLA(config, norm, text)
 
@@ -182,11 +183,16 @@ def _initial_model(directory: Path, chunk: int) -> VLA:
         raise InputError(f"--init-from {directory}: not a VLA checkpoint (no {CONFIG_FILE})")
     model = VLA.from_pretrained(directory)
     model.config.chunk = chunk
-    try:
-        model.config.validate()
-    except ValueError as e:
-        raise UsageError(f"--chunk {chunk} with --init-from {directory}: {e}") from e
+    _check_settings(model.config)
     return model
+
+
+def _check_settings(config: VLAConfig) -> None:
+    """Settings the flags ask for that no target can have (a chunk with no room left for the prompt), named."""
+    try:
+        config.validate()
+    except ValueError as e:
+        raise UsageError(f"the target's settings are refused: {e}") from e
 
 
 def _mask_gripper(model: VLA, records: Sequence[EpisodeRecord], resumed: bool) -> None:
