@@ -44,6 +44,11 @@ def test_train_vla_chunk_new_fine_tuned_and_kept_on_resume(tmp_path, capsys):
     assert run_train(demos, tmp_path / "zero", 10, extra=("--chunk", "0")) == 2
     assert "--chunk must be >= 1 action, got 0" in capsys.readouterr().err
     assert not (tmp_path / "zero").exists()
+    for name, init in (("long", ()), ("long_tuned", ("--init-from", str(tmp_path / "plain")))):
+        # a chunk too long for the positions: named through `_check_settings` on a new run and a fine-tune
+        assert run_train(demos, tmp_path / name, 10, extra=("--chunk", "100", *init)) == 2
+        assert "the target's settings are refused" in capsys.readouterr().err
+        assert not (tmp_path / name).exists()
 
 
 def test_a_chunk_that_leaves_no_room_for_the_prompt_is_refused():
