@@ -18,6 +18,7 @@ from websockets.sync.client import connect
 from heisd.client import OpenpiClient, PolicyClient, RemotePolicy, ServerError
 from heisd.runtime.methods import MethodConfig
 from heisd.serving.launch import ServerThread, make_service
+from heisd.serving.metrics import ServerMetrics
 from heisd.serving.service import ServeConfig
 from heisd.serving.sessions import SessionLimits
 
@@ -186,6 +187,38 @@ def test_limits_are_shared_with_the_rest_side(built):
         finally:
             release.set()
         waiting.result(10)
+
+
+def test_a_connection_refused_its_session_queues_no_end_when_it_closes(built):
+    """A step refused for --max-sessions started no session, so the connection's close queues no end:
+    with --queue-size 1 that end could take the slot the end of a connection that did hold an
+    episode needs, leaving its episode to expire (the flake this test pins down)."""
+    import asyncio
+
+    from heisd.serving.sessions import TooManyEpisodes
+    from heisd.serving.websocket import Episode
+
+    vla, _ = built
+    image, state, _ = observations(4, 1, 0.0)[0]
+    config = ServeConfig(queue_size=1, sessions=SessionLimits(max_sessions=1))
+    service, _ = make_service(vla, MethodConfig("ar"), config, "vla")
+    metrics = ServerMetrics(service.worker.depth, lambda: len(service.sessions.open))
+    try:
+        frame = {"bytes": msgpack_numpy.packb({"observation/image": image, "observation/state": state,
+                                               "prompt": REACH})}
+        first, second = Episode(service, "first"), Episode(service, "second")
+        asyncio.run(first.handle(frame, time.perf_counter(), None, metrics))
+        with pytest.raises(TooManyEpisodes):
+            asyncio.run(second.handle(frame, time.perf_counter(), None, metrics))
+        assert not second.open and first.open
+        submitted = []
+        service.worker.submit = lambda fn: submitted.append(fn)  # what a close queues, not run
+        second.close()
+        assert submitted == []
+        first.close()
+        assert len(submitted) == 1
+    finally:
+        service.close()
 
 
 def test_protocols_choose_the_routes(built):

@@ -26,7 +26,7 @@ from heisd.serving.metrics import ServerMetrics
 from heisd.serving.msgpack_arrays import packb, unpackb
 from heisd.serving.openpi import parse_observation, reply
 from heisd.serving.service import PolicyService
-from heisd.serving.sessions import SessionError
+from heisd.serving.sessions import SessionError, TooManyEpisodes
 from heisd.serving.wire import WireError
 from heisd.serving.worker import QueueFull
 
@@ -82,8 +82,14 @@ class Episode:
         req = obs.request
         if obs.reset or not self.open or req.instruction != self.instruction:
             req = replace(req, reset=True)
-        self.open = True
-        done = await self.service.act(req)
+        was_open, self.open = self.open, True
+        try:
+            done = await self.service.act(req)
+        except (QueueFull, TooManyEpisodes):
+            # refused before a session could start for this id (not queued; no room for one): an end
+            # queued for it on close would only take a queue slot another connection's end may need
+            self.open = was_open
+            raise
         self.instruction = req.instruction
         actions, record = done.value
         total_ms = (time.perf_counter() - t0) * 1e3
