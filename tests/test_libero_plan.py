@@ -14,6 +14,7 @@ from heisd.benchmarks.libero_skills import (
     ExpertConfig,
     KnobPhase,
     KnobScene,
+    Phase,
     PickPlace,
     Push,
     PushPhase,
@@ -91,6 +92,16 @@ def test_a_bowl_boxed_in_y_is_taken_at_a_diagonal_turned_plus_45_while_one_is_cl
     for blocked, (x, y), yaw in [([], (-d, d), 45), (["-x+y"], (d, -d), 45), (["-x+y", "+x-y"], (d, d), -45)]:
         grasp, got = choose_rim(_bowl(walls_y + [corner[k] for k in blocked]), CFG)
         assert grasp[:2] == pytest.approx([x, y]) and np.degrees(got) == pytest.approx(yaw)
+
+
+def test_the_retreat_after_a_place_ends_when_the_hand_is_up_not_after_a_time():
+    skill = PickPlace(phase=Phase.RETREAT)
+    low = Scene(**{**_bowl().__dict__, "eef": np.array([0.0, 0.0, 1.0])})
+    for _ in range(2 * CFG.retreat_steps):
+        a = skill.act(low)
+        assert not skill.done and a[2] > 0  # up, however long that takes: a target cannot see the time
+    skill.act(Scene(**{**low.__dict__, "eef": np.array([0.0, 0.0, 1.2 - CFG.tolerance])}))  # carrying height: 1.2
+    assert skill.done
 
 
 def test_a_pushed_object_goes_where_the_region_clears_its_neighbours():
@@ -193,6 +204,30 @@ def test_drawer_points_the_fingers_into_the_cabinet_then_pulls():
         skill.act(at)
     a = skill.act(at)
     assert skill.phase is DrawerPhase.MOVE and a[1] > 0 and a[-1] == 1.0  # pulling, fingers closed
+    skill.act(DrawerScene(**{**at.__dict__, "travel": -0.001}))
+    assert skill.phase is DrawerPhase.RELEASE
+
+
+def test_drawer_closing_keeps_the_hand_open_until_it_is_in_front_of_the_handle():
+    start = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])
+    pull, handle = np.array([0.0, -1.0, 0.0]), np.array([0.0, 0.02, 0.93])  # LIBERO-10's bottom drawer, open
+    skill = Drawer(opening=False)
+    s = DrawerScene(eef=np.array([0.05, 0.1, 1.16]), rot=start, handle=handle, pull=pull, travel=0.15)
+    # open on the way: an empty closed hand would read as one holding the bowl by its rim (BENCHMARKS 18.27)
+    assert skill.act(s)[-1] == -1.0 and skill.phase is DrawerPhase.FACE
+    front = handle + pull * skill.close_standoff
+    there = DrawerScene(eef=front, rot=skill._work, handle=handle, pull=pull, travel=0.15)
+    assert skill.act(there)[-1] == 1.0 and skill.phase is DrawerPhase.GRIP  # closes in front of it, in place
+    for _ in range(CFG.close_steps - 1):
+        a = skill.act(there)
+        assert np.abs(a[:3]).max() < 1e-9 and a[-1] == 1.0
+    a = skill.act(there)
+    assert skill.phase is DrawerPhase.REACH and a[1] > 0 and a[-1] == 1.0  # then onto the handle, closed
+    at = DrawerScene(**{**there.__dict__, "eef": handle + pull * 0.02})
+    a = skill.act(at)
+    assert skill.phase is DrawerPhase.MOVE and a[1] > 0 and a[-1] == 1.0  # and pushes it in
+    risen = DrawerScene(**{**at.__dict__, "eef": at.eef + [0.0, 0.0, 0.02]})
+    assert skill.act(risen)[2] < 0  # level with the handle, where the finger tips push it
     skill.act(DrawerScene(**{**at.__dict__, "travel": -0.001}))
     assert skill.phase is DrawerPhase.RELEASE
 

@@ -373,7 +373,10 @@ class PickPlace:
             if _tick(self, c.open_steps):
                 self.phase, self._count = Phase.RETREAT, 0
         elif self.phase is Phase.RETREAT:
-            self.done = _tick(self, c.retreat_steps)
+            # done when up, not after `retreat_steps`: a target cannot see the time, and one that went
+            # on up to where no timed retreat had got sat there, its labels "up" fading to nothing (18.27)
+            up = s.eef[2] > self._carry_z(s) - 2 * c.tolerance
+            self.done = up or _tick(self, 3 * c.retreat_steps)
 
     def _target(self, s: Scene) -> np.ndarray:
         c = self.config
@@ -694,8 +697,8 @@ class DrawerScene:
 
 class DrawerPhase(enum.Enum):
     FACE = "face"  # in front of the handle (from above), fingers pointing at it (open) or leaning toward it (close)
-    REACH = "reach"  # onto the handle: the bar between the fingers (open), the fingers against it (close)
-    GRIP = "grip"  # close the fingers on the bar
+    REACH = "reach"  # onto the handle: the bar between the open fingers (open), the closed finger tips at it (close)
+    GRIP = "grip"  # close the fingers: on the bar (open), in front of it before reaching it (close)
     MOVE = "move"  # pull (open) or push (close) until the drawer is there
     RELEASE = "release"
     BACK = "back"  # away from the drawer, the hand turned down again
@@ -706,7 +709,10 @@ class Drawer:
     """Open a drawer by its handle (the hand turned 90 degrees to point into the cabinet, the bar
     between its fingers: pointing down, the 21 cm hand would hit the cabinet above), or close one
     by pushing its handle with the closed fingers, the hand's long side level across the push and
-    its fingers leaning into the cabinet (`close_pitch`)."""
+    its fingers leaning into the cabinet (`close_pitch`). Closing, the hand stays open until it is in
+    front of the handle: an empty closed hand reads as one holding a bowl by its thin rim (the fingers'
+    opening is about 0 both ways), and a target that had just let the bowl go took the way to the push
+    for a carry (BENCHMARKS 18.27). It closes there and reaches the handle closed, as before."""
 
     config: ExpertConfig = ExpertConfig()
     opening: bool = True
@@ -746,7 +752,8 @@ class Drawer:
                 self._work = rotation(level, self.close_pitch) @ across
         self._advance(s)
         target_rot = self._home if self.phase is DrawerPhase.BACK else self._work
-        gripper = 1.0 if self.phase in (DrawerPhase.GRIP, DrawerPhase.MOVE) or not self.opening else -1.0
+        closed = self.phase in (DrawerPhase.GRIP, DrawerPhase.MOVE)
+        gripper = 1.0 if closed or (self.phase is DrawerPhase.REACH and not self.opening) else -1.0
         action = _move(c, self._target(s), s.eef, 0.0, gripper)
         action[3:6] = turn_action(target_rot, s.rot, self.rot_gain)
         return action
@@ -758,14 +765,15 @@ class Drawer:
         c = self.config
         reached = lambda: np.linalg.norm(self._target(s) - s.eef) < c.tolerance  # noqa: E731
         near = np.linalg.norm(self._target(s) - s.eef) < self.face_tolerance
+        # opening: FACE, REACH, GRIP (on the bar), MOVE; closing: FACE, GRIP (in front of it), REACH, MOVE
         if self.phase is DrawerPhase.FACE and near and self._rot_ok(s, self._work):
-            self.phase, self._count = DrawerPhase.REACH, 0
+            self.phase, self._count = (DrawerPhase.REACH if self.opening else DrawerPhase.GRIP), 0
         elif self.phase is DrawerPhase.REACH:
             if _tick(self, self.reach_steps) or reached():
-                self.phase, self._count = (DrawerPhase.GRIP, 0) if self.opening else (DrawerPhase.MOVE, 0)
+                self.phase, self._count = (DrawerPhase.GRIP if self.opening else DrawerPhase.MOVE), 0
         elif self.phase is DrawerPhase.GRIP:
             if _tick(self, c.close_steps):
-                self.phase = DrawerPhase.MOVE
+                self.phase, self._count = (DrawerPhase.MOVE if self.opening else DrawerPhase.REACH), 0
         elif self.phase is DrawerPhase.MOVE and s.travel <= 0:
             self.phase, self._count = DrawerPhase.RELEASE, 0
         elif self.phase is DrawerPhase.RELEASE:
@@ -782,11 +790,15 @@ class Drawer:
             if np.linalg.norm((front - s.eef)[:2]) > self.face_tolerance:
                 return front + np.array([0.0, 0.0, self.config.hand_half_length])
             return front
+        if self.phase is DrawerPhase.GRIP and not self.opening:
+            return front
         if self.phase in (DrawerPhase.REACH, DrawerPhase.GRIP):
             # opening: the bar between the finger pads; closing: the finger tips against the bar's front
             return s.handle.copy() if self.opening else s.handle + s.pull * 0.02
-        if self.phase is DrawerPhase.MOVE:
-            return s.eef + s.pull * (self.lead if self.opening else -self.lead)
+        if self.phase is DrawerPhase.MOVE and self.opening:
+            return s.eef + s.pull * self.lead
+        if self.phase is DrawerPhase.MOVE:  # level with the handle: free, the finger tips rode up it (BENCHMARKS 18.27)
+            return np.array([*(s.eef - s.pull * self.lead)[:2], s.handle[2]])
         if self.phase is DrawerPhase.RELEASE:
             return s.eef.copy()
         return np.array([front[0], front[1], s.handle[2] + 0.1])  # BACK: out and up
