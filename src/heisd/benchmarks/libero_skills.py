@@ -64,7 +64,9 @@ class ExpertConfig:
     long_box: float = 0.01  # half length minus half width above which a box may be grasped off its centre, m
     pad_margin: float = 0.015  # an off-centre grasp keeps the finger pads this far inside the box's ends, m
     grasp_shifts: int = 4  # off-centre grasp points tried on each side of the centre
-    retreat_steps: int = 15  # steps a finished skill backs off before the next one starts
+    # steps a finished skill backs off before the next one starts (a pick-and-place backs off until the hand
+    # is at its carrying height, at most three times this)
+    retreat_steps: int = 15
 
 
 def _move(c: ExpertConfig, target: np.ndarray, eef: np.ndarray, yaw_error: float, gripper: float,
@@ -362,7 +364,7 @@ class PickPlace:
         elif self.phase in (Phase.LIFT, Phase.CARRY, Phase.LOWER) and not self._held(s):
             self.phase = Phase.ABOVE  # dropped or missed: grasp it again, chosen anew
             self._choose(s)
-        elif self.phase is Phase.LIFT and s.eef[2] > self._carry_z(s) - 2 * c.tolerance:
+        elif self.phase is Phase.LIFT and self._up(s):
             self.phase = Phase.CARRY
         elif self.phase is Phase.CARRY and np.linalg.norm((self._target(s) - s.eef)[:2]) < c.tolerance \
                 and abs(self._yaw_error(s)) < c.yaw_tolerance:
@@ -375,8 +377,11 @@ class PickPlace:
         elif self.phase is Phase.RETREAT:
             # done when up, not after `retreat_steps`: a target cannot see the time, and one that went
             # on up to where no timed retreat had got sat there, its labels "up" fading to nothing (18.27)
-            up = s.eef[2] > self._carry_z(s) - 2 * c.tolerance
-            self.done = up or _tick(self, 3 * c.retreat_steps)
+            self.done = self._up(s) or _tick(self, 3 * c.retreat_steps)
+
+    def _up(self, s: Scene) -> bool:
+        """The hand is at its carrying height (within twice the tolerance: the approach slows near it)."""
+        return bool(s.eef[2] > self._carry_z(s) - 2 * self.config.tolerance)
 
     def _target(self, s: Scene) -> np.ndarray:
         c = self.config
@@ -795,9 +800,10 @@ class Drawer:
         if self.phase in (DrawerPhase.REACH, DrawerPhase.GRIP):
             # opening: the bar between the finger pads; closing: the finger tips against the bar's front
             return s.handle.copy() if self.opening else s.handle + s.pull * 0.02
-        if self.phase is DrawerPhase.MOVE and self.opening:
-            return s.eef + s.pull * self.lead
-        if self.phase is DrawerPhase.MOVE:  # level with the handle: free, the finger tips rode up it (BENCHMARKS 18.27)
+        if self.phase is DrawerPhase.MOVE:
+            if self.opening:
+                return s.eef + s.pull * self.lead
+            # pushing, level with the handle: left free in height, the finger tips rode up it (BENCHMARKS 18.27)
             return np.array([*(s.eef - s.pull * self.lead)[:2], s.handle[2]])
         if self.phase is DrawerPhase.RELEASE:
             return s.eef.copy()
