@@ -95,6 +95,22 @@ def test_swing_door_pushes_from_behind_the_face_along_the_arc():
     assert fresh.done
 
 
+def test_swing_door_keeps_the_hand_open_until_over_the_face():
+    """The hand goes over the point behind the face open, closes there for `close_steps` without moving
+    on, then goes down closed: an empty hand closed on the way reads as one holding the mug."""
+    skill, c = SwingDoor(), ExpertConfig()
+    radial, closing = [0.0, -1.0, 0.0], [1.0, 0.0, 0.0]
+    assert skill.act(_door_scene(radial, closing))[-1] == -1.0  # on the way: open
+    over = skill._target(_door_scene(radial, closing))
+    a = skill.act(_door_scene(radial, closing, eef=over))
+    assert skill.phase is skill.phase.GRIP and a[-1] == 1.0 and np.allclose(a[:3], 0.0)  # closes in place
+    for _ in range(c.close_steps - 1):
+        skill.act(_door_scene(radial, closing, eef=over))
+    assert skill.phase is skill.phase.GRIP
+    a = skill.act(_door_scene(radial, closing, eef=over))
+    assert skill.phase is skill.phase.DOWN and a[2] < 0 and a[-1] == 1.0  # down, closed
+
+
 def test_transit_keeps_the_fingers_over_what_stands_on_the_way_until_over_the_goal():
     """On the way the fingers stay over everything within the hand's reach of the path (a door on the way,
     a carton beside the goal); over the goal `approach_height` alone lets them down."""
