@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # LIBERO-10's row of BENCHMARKS 17.4 from nothing, with the project's own commands: the wrist-camera
 # demonstrations (BENCHMARKS 18.9), the behaviour-cloned target and one DAgger round (18.10), the
-# round's fine-tune made again with keyframe weights (18.18: the shipped target), the drafter,
+# round's fine-tune made again with keyframe weights (18.18: the shipped target; the behaviour cloning's action
+# bins at +-the largest action since 18.28, which the later stages keep), the drafter,
 # datastore and calibration (as 18.3), the bench (as 17.3: the suite's two halves at the same time,
 # init states 0-2 of every task), then the 100-episode AR evaluation on init states 0-9 (last: the
 # bench's row does not need it).
@@ -79,7 +80,7 @@ stage_bc() {
   demos_present
   trained_to l10w_bc 6000 && return
   "$HEISD" train-vla --benchmark libero --wrist --demos "${DEMOS[@]}" --out l10w_bc --steps 6000 --batch-size 64 \
-    --threads 2 --image-size 64 --shift-pad 1 --eval-every 500 --save-every 500 \
+    --threads 2 --image-size 64 --shift-pad 1 --eval-every 500 --save-every 500 --action-bounds absmax \
     $([ -f l10w_bc/train_state.pt ] && echo --resume)
 }
 stage_dagger() {

@@ -389,3 +389,46 @@ def test_no_gripper_state_masks_it_when_training_and_fine_tuning(tmp_path, capsy
     capsys.readouterr()
     assert run_train(demos, tmp_path / "plain", 20, resume=True, extra=("--no-gripper-state",)) == 2
     assert "--no-gripper-state on --resume: the run was started reading the gripper opening" in capsys.readouterr().err
+
+
+def test_absmax_action_bounds_keep_a_rare_large_action_and_rebin_a_fine_tune(tmp_path, capsys):
+    """A move made in one frame of 96 is clipped to about a twentieth by OpenVLA's q01/q99 bins; with absmax
+    bounds it decodes to within half a bin and a zero action to zero. Fine-tuning with the flag
+    recomputes the bins from its demonstrations; a resumed run keeps its own and refuses others."""
+    demos = tmp_path / "demos.hdf5"
+    write_demos(demos)
+    with h5py.File(demos, "r+") as f:
+        f["data/demo_0/actions"][3, 2] = 0.9  # dimension 2 is zero everywhere else
+        recorded = np.concatenate([f[f"data/demo_{i}/actions"][()] for i in range(8)])
+    assert run_train(demos, tmp_path / "plain", 10) == 0
+    plain = VLA.from_pretrained(tmp_path / "plain")
+    assert plain.norm_stats.extra["action_bounds"] == "quantile"
+    rare = np.array([[0.0, 0.0, 0.9, 0.0]])
+    assert plain.action_tokenizer.decode(plain.action_tokenizer.encode(rare))[0, 2] < 0.1
+
+    assert run_train(demos, tmp_path / "tuned", 10, extra=("--init-from", str(tmp_path / "plain"),
+                                                            "--action-bounds", "absmax")) == 0
+    tuned = VLA.from_pretrained(tmp_path / "tuned")
+    tok, m = tuned.action_tokenizer, np.abs(recorded).max(0)
+    np.testing.assert_allclose(tuned.norm_stats.q99, m, rtol=1e-6)
+    np.testing.assert_allclose(tuned.norm_stats.q01, -m, rtol=1e-6)
+    assert tuned.norm_stats.extra["action_bounds"] == "absmax"
+    half_bin = (m + 1e-8) / (tok.n_bins - 1)
+    assert (np.abs(tok.decode(tok.encode(recorded)) - recorded) <= half_bin + 1e-6).all()
+    assert (np.abs(tok.decode(tok.encode(np.zeros((1, 4))))) < 1e-7).all()  # 0, but for OpenVLA's 1e-8 guard
+    np.testing.assert_array_equal(tuned.norm_stats.state_mean, plain.norm_stats.state_mean)  # the checkpoint's
+
+    assert run_train(demos, tmp_path / "tuned", 20, resume=True) == 0  # resumed without the flag: its own bins
+    np.testing.assert_array_equal(VLA.from_pretrained(tmp_path / "tuned").norm_stats.q99, tuned.norm_stats.q99)
+    capsys.readouterr()
+    assert run_train(demos, tmp_path / "tuned", 30, resume=True, extra=("--action-bounds", "quantile")) == 2
+    assert "--action-bounds quantile on --resume: the run in" in capsys.readouterr().err
+    assert run_train(demos, tmp_path / "bad", 10, extra=("--arch", "openvla", "--action-bounds", "absmax")) == 2
+    assert "--action-bounds is for --arch vla" in capsys.readouterr().err
+
+
+def test_train_vla_offers_the_datasets_action_bounds():
+    from heisd.commands.train_vla import ACTION_BOUNDS
+    from heisd.data import dataset
+
+    assert ACTION_BOUNDS == dataset.ACTION_BOUNDS

@@ -10,6 +10,7 @@ HELP = ("Train a target on demonstrations: heisd's small VLA (CNN + Llama, OpenV
 
 # default actions per inference: Meta-World 2 x 4 dims = 8 tokens (close to OpenVLA's 7); LIBERO 1 x 7, as OpenVLA
 CHUNK = {"mw": 2, "libero": 1}
+ACTION_BOUNDS = ("quantile", "absmax")  # heisd.data.dataset.ACTION_BOUNDS (not imported: --help stays light)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init-from", type=Path, default=None,
                         help="fine-tune this checkpoint (weights, tokenizers, action bins; with --arch openvla an "
                              "OpenVLA checkpoint) instead of a new model; the model size flags are then ignored")
+    parser.add_argument("--action-bounds", choices=ACTION_BOUNDS, default=None,
+                        help="vla: where the 256 action bins end per dimension. quantile: the demonstrations' 1st and "
+                             "99th percentiles, as OpenVLA (an action outside is clipped to the end bin); absmax: "
+                             "+-the largest |action|, so that a move made in under 1%% of the frames keeps its size "
+                             "(LIBERO-10's pitch turns were cut to a tenth: BENCHMARKS 18.28). Default: quantile for a "
+                             "new model, the checkpoint's own with --init-from (given, the fine-tune's bins are "
+                             "recomputed from --demos and it relearns the tokens); a resumed run keeps its own")
     parser.add_argument("--no-gripper-state", action="store_true",
                         help="vla: the target stops reading the gripper opening from the robot state (with "
                              "--init-from too; it keeps the end effector's xyz), so the frames alone decide when to "
@@ -121,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--chunk must be >= 1 action, got {args.chunk}")
     if args.arch == "openvla" and args.chunk not in (None, 1):
         raise UsageError("--chunk is for --arch vla (OpenVLA predicts one action per inference)")
+    if args.arch == "openvla" and args.action_bounds is not None:
+        raise UsageError("--action-bounds is for --arch vla (an OpenVLA checkpoint's bins are its q01/q99)")
     if args.arch == "openvla" and args.keyframe_weight != 1.0:
         raise UsageError("--keyframe-weight is for --arch vla (OpenVLA's fine-tuning weighs every frame alike)")
     torch.set_num_threads(args.threads)
@@ -145,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                     resume=args.resume, benchmark=args.benchmark, instructions=_registry_instructions(args.benchmark),
                     overwrite=args.overwrite, skip_invalid=args.skip_invalid_episodes,
                     init_from=args.init_from, device=str(device), mask_gripper=args.no_gripper_state,
-                    film=args.film)
+                    film=args.film, action_bounds=args.action_bounds)
     print(f"checkpoint: {args.out}  " + " ".join(f"{k}={v}" for k, v in metrics.items()))
     return 0
 

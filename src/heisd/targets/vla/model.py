@@ -126,7 +126,8 @@ class VLAConfig:
 
 @dataclass
 class NormStats:
-    """Action q01/q99 (what the bins use) and state mean/std (what the state token sees)."""
+    """The action bins' ends, named q01/q99 as OpenVLA's (with `absmax` bounds, -m and m: `ActionStats.bounds`;
+    `extra["action_bounds"]` says which), and the state mean/std (what the state token sees)."""
 
     q01: np.ndarray
     q99: np.ndarray

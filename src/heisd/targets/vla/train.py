@@ -26,6 +26,7 @@ from heisd.storage.guard import has_file, json_with
 from heisd.targets.base import TeacherForced
 from heisd.targets.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
 from heisd.targets.vla.frames import EpisodeRecord, EpochSampler, Frames, build_frames, read_episodes
+from heisd.targets.vla.action_tokenizer import ActionTokenizer
 from heisd.targets.vla.model import VLA, NormStats, VLAConfig
 from heisd.targets.vla.text_tokenizer import TextTokenizer
 
@@ -134,12 +135,13 @@ def _split(n_episodes: int, val_fraction: float, seed: int) -> tuple[list[int], 
 
 
 def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructions: Sequence[str],
-               skip_invalid: bool) -> VLA:
+               skip_invalid: bool, action_bounds: str) -> VLA:
     stats = compute_action_stats(paths, skip_invalid)
     states = np.concatenate([r.states for r in records])
-    norm = NormStats(q01=stats.q01, q99=stats.q99, state_mean=states.mean(0),
+    low, high = stats.bounds(action_bounds)
+    norm = NormStats(q01=low, q99=high, state_mean=states.mean(0),
                      state_std=np.maximum(states.std(0), 1e-2),  # floor: a near-constant dim must not blow up
-                     extra={"action": stats.to_dict()})
+                     extra={"action": stats.to_dict(), "action_bounds": action_bounds})
     text = TextTokenizer.train([r.instruction for r in records] + list(instructions))
     config = VLAConfig(text_vocab_size=text.vocab_size, action_dim=int(len(stats.q01)), chunk=chunk,
                        state_dim=int(states.shape[1]), **overrides)
@@ -185,6 +187,22 @@ def _initial_model(directory: Path, chunk: int) -> VLA:
     model.config.chunk = chunk
     _check_settings(model.config)
     return model
+
+
+def bounds_of(model: VLA) -> str:
+    """Where the model's action bins end (`ActionStats.bounds`); checkpoints that do not say have OpenVLA's."""
+    return model.norm_stats.extra.get("action_bounds", "quantile")
+
+
+def _rebin(model: VLA, paths: Sequence[Path], action_bounds: str, skip_invalid: bool) -> None:
+    """A fine-tune onto new action bins, from its own demonstrations' actions (as OpenVLA fine-tunes onto a
+    dataset's own q01/q99): the same tokens, which it relearns; the state normalization stays the checkpoint's."""
+    stats = compute_action_stats(paths, skip_invalid)
+    low, high = stats.bounds(action_bounds)
+    model.norm_stats = NormStats(q01=low, q99=high, state_mean=model.norm_stats.state_mean,
+                                 state_std=model.norm_stats.state_std,
+                                 extra={**model.norm_stats.extra, "action": stats.to_dict(), "action_bounds": action_bounds})
+    model.action_tokenizer = ActionTokenizer(model.config.vocab_size, low, high, model.config.n_bins)
 
 
 def _check_settings(config: VLAConfig) -> None:
@@ -254,7 +272,8 @@ def check_resumed_data(state: dict | None, data: dict) -> None:
 
 def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None, overrides: dict, resume: bool,
            benchmark: str | None, instructions: Sequence[str], skip_invalid: bool,
-           init_from: Path | None, mask_gripper: bool, film: bool) -> tuple[TrainingSetup, TrainConfig]:
+           init_from: Path | None, mask_gripper: bool, film: bool,
+           action_bounds: str | None) -> tuple[TrainingSetup, TrainConfig]:
     state, model = None, None
     if resume:
         state, cfg = resume_state(out, cfg)
@@ -263,6 +282,9 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None, ov
         if chunk is not None and chunk != model.config.chunk:
             raise UsageError(f"--chunk {chunk} on --resume: the run in {out} predicts {model.config.chunk} "
                              "actions per inference (resume it without --chunk, or start another run)")
+        if action_bounds is not None and action_bounds != bounds_of(model):
+            raise UsageError(f"--action-bounds {action_bounds} on --resume: the run in {out} has its bins at "
+                             f"{bounds_of(model)} (resume it without --action-bounds, or start another run)")
     elif chunk is None:
         raise UsageError("a new training run needs its chunk (actions per inference)")
     elif init_from is not None:
@@ -270,7 +292,10 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None, ov
     config = model.config if model else VLAConfig(0, **overrides)
     records, dropped, invalid = read_episodes(paths, config.image_size, benchmark, skip_invalid, config.views)
     if model is None:
-        model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions, skip_invalid)
+        model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions, skip_invalid,
+                           action_bounds or "quantile")
+    elif state is None and action_bounds is not None:
+        _rebin(model, paths, action_bounds, skip_invalid)
     if mask_gripper:
         _mask_gripper(model, records, resumed=resume)
     if film:
@@ -291,7 +316,8 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None, ov
 def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None = 2, model_overrides: dict | None = None,
           resume: bool = False, benchmark: str | None = None, instructions: Sequence[str] = (),
           overwrite: bool = False, skip_invalid: bool = False, init_from: Path | None = None,
-          device: str = "cpu", mask_gripper: bool = False, film: bool = False) -> dict:
+          device: str = "cpu", mask_gripper: bool = False, film: bool = False,
+          action_bounds: str | None = None) -> dict:
     """Train (or resume) and return the last logged metrics.
 
     `instructions`: extra instructions (the benchmark's task registry) for the text tokenizer,
@@ -306,11 +332,13 @@ def train(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None = 2,
     `chunk`: actions per inference (None on `resume`: the run's own; an `init_from` model is re-chunked).
     `mask_gripper`: the model stops reading the gripper opening (`VLAConfig.masked_state`). `film`: its
     vision reads the instruction (`VLAConfig.film`; an `init_from` model gets the FiLM layers at zero).
+    `action_bounds`: where the action bins end (`ActionStats.bounds`; None: a new model's are `quantile`,
+    an `init_from` model keeps its own, given: its bins are recomputed from `paths`; a resumed run's own).
     """
     def body() -> dict:
         started = time.perf_counter()
         setup, run_cfg = _setup(paths, out, cfg, chunk, model_overrides or {}, resume, benchmark, instructions,
-                                skip_invalid, init_from, mask_gripper, film)
+                                skip_invalid, init_from, mask_gripper, film, action_bounds)
         return fit(setup, out, run_cfg, paths, init_from, torch.device(device), started)
 
     return guarded_run(Path(out), TRAINING_RUN, resume, overwrite, body)
