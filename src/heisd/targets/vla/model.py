@@ -199,6 +199,12 @@ class VLA(nn.Module):
                           image_size=c.image_size, state_dim=c.state_dim, pad_id=self.text_tokenizer.pad_id,
                           views=c.views)
 
+    def rebin_actions(self, low: np.ndarray, high: np.ndarray, extra: dict[str, Any]) -> None:
+        """New action bins ending at `low` and `high` (a fine-tune onto other actions: the same tokens, which it
+        relearns): the norm stats and the tokenizer together; the state normalization stays."""
+        self.norm_stats = dataclasses.replace(self.norm_stats, q01=low, q99=high, extra=extra)
+        self.action_tokenizer = ActionTokenizer(self.config.vocab_size, low, high, self.config.n_bins)
+
     def add_film(self) -> None:
         """Condition the CNNs on the instruction from now on (`VLAConfig.film`), with FiLM layers at zero:
         until trained they change nothing. A model that has them keeps them."""

@@ -26,7 +26,6 @@ from heisd.storage.guard import has_file, json_with
 from heisd.targets.base import TeacherForced
 from heisd.targets.vla.checkpoint import CHECKPOINT_FILES, CONFIG_FILE
 from heisd.targets.vla.frames import EpisodeRecord, EpochSampler, Frames, build_frames, read_episodes
-from heisd.targets.vla.action_tokenizer import ActionTokenizer
 from heisd.targets.vla.model import VLA, NormStats, VLAConfig
 from heisd.targets.vla.text_tokenizer import TextTokenizer
 
@@ -134,16 +133,22 @@ def _split(n_episodes: int, val_fraction: float, seed: int) -> tuple[list[int], 
     return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 
+def _action_bins(paths: Sequence[Path], action_bounds: str, skip_invalid: bool) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The demonstrations' action bins (low and high ends, `ActionStats.bounds`) and what norm stats record of them."""
+    stats = compute_action_stats(paths, skip_invalid)
+    low, high = stats.bounds(action_bounds)
+    return low, high, {"action": stats.to_dict(), "action_bounds": action_bounds}
+
+
 def _new_model(records, paths, chunk: int, overrides: dict, seed: int, instructions: Sequence[str],
                skip_invalid: bool, action_bounds: str) -> VLA:
-    stats = compute_action_stats(paths, skip_invalid)
+    low, high, extra = _action_bins(paths, action_bounds, skip_invalid)
     states = np.concatenate([r.states for r in records])
-    low, high = stats.bounds(action_bounds)
     norm = NormStats(q01=low, q99=high, state_mean=states.mean(0),
                      state_std=np.maximum(states.std(0), 1e-2),  # floor: a near-constant dim must not blow up
-                     extra={"action": stats.to_dict(), "action_bounds": action_bounds})
+                     extra=extra)
     text = TextTokenizer.train([r.instruction for r in records] + list(instructions))
-    config = VLAConfig(text_vocab_size=text.vocab_size, action_dim=int(len(stats.q01)), chunk=chunk,
+    config = VLAConfig(text_vocab_size=text.vocab_size, action_dim=len(low), chunk=chunk,
                        state_dim=int(states.shape[1]), **overrides)
     _check_settings(config)
     torch.manual_seed(seed)
@@ -192,17 +197,6 @@ def _initial_model(directory: Path, chunk: int) -> VLA:
 def bounds_of(model: VLA) -> str:
     """Where the model's action bins end (`ActionStats.bounds`); checkpoints that do not say have OpenVLA's."""
     return model.norm_stats.extra.get("action_bounds", "quantile")
-
-
-def _rebin(model: VLA, paths: Sequence[Path], action_bounds: str, skip_invalid: bool) -> None:
-    """A fine-tune onto new action bins, from its own demonstrations' actions (as OpenVLA fine-tunes onto a
-    dataset's own q01/q99): the same tokens, which it relearns; the state normalization stays the checkpoint's."""
-    stats = compute_action_stats(paths, skip_invalid)
-    low, high = stats.bounds(action_bounds)
-    model.norm_stats = NormStats(q01=low, q99=high, state_mean=model.norm_stats.state_mean,
-                                 state_std=model.norm_stats.state_std,
-                                 extra={**model.norm_stats.extra, "action": stats.to_dict(), "action_bounds": action_bounds})
-    model.action_tokenizer = ActionTokenizer(model.config.vocab_size, low, high, model.config.n_bins)
 
 
 def _check_settings(config: VLAConfig) -> None:
@@ -294,8 +288,9 @@ def _setup(paths: list[Path], out: Path, cfg: TrainConfig, chunk: int | None, ov
     if model is None:
         model = _new_model(records, paths, chunk, overrides, cfg.seed, instructions, skip_invalid,
                            action_bounds or "quantile")
-    elif state is None and action_bounds is not None:
-        _rebin(model, paths, action_bounds, skip_invalid)
+    elif state is None and action_bounds is not None:  # a fine-tune onto its own demonstrations' bins, as OpenVLA's
+        low, high, extra = _action_bins(paths, action_bounds, skip_invalid)
+        model.rebin_actions(low, high, {**model.norm_stats.extra, **extra})
     if mask_gripper:
         _mask_gripper(model, records, resumed=resume)
     if film:
