@@ -187,8 +187,7 @@ class SwingDoor:
     def act(self, s: DoorScene) -> np.ndarray:
         self._advance(s)
         yaw_error = 0.0 if self.phase is DoorPhase.BACK else self._yaw_error(s)
-        closed = self.phase in (DoorPhase.GRIP, DoorPhase.DOWN, DoorPhase.PUSH, DoorPhase.BACK)
-        return _move(self.config, self._target(s), s.eef, yaw_error, 1.0 if closed else -1.0)
+        return _move(self.config, self._target(s), s.eef, yaw_error, -1.0 if self.phase is DoorPhase.ABOVE else 1.0)
 
     def _yaw_error(self, s: DoorScene) -> float:
         """To the finger axis along the panel (the hand is symmetric: a half turn is the same hand)."""
